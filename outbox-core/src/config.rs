@@ -1,0 +1,211 @@
+//! Relay settings, validated before a relay starts.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use crate::error::{Error, Result};
+
+/// How the relay holds the rows it is publishing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ClaimMode {
+    /// Lock the claimed rows (`FOR UPDATE SKIP LOCKED`) in a transaction that stays open while the
+    /// publisher runs, then mark and commit. Fast; right for brokers that answer in milliseconds.
+    #[default]
+    Transaction,
+    /// Stamp the rows with a lease token and expiry, commit, publish outside any transaction, then mark
+    /// only rows whose token still matches. Right for slow destinations: no transaction stays open, and a
+    /// relay that paused past its lease cannot overwrite the outcome of the relay that took over.
+    Lease {
+        /// How long a claim stays exclusive.
+        duration: Duration,
+    },
+}
+
+/// What happens to the later events of an aggregate whose earlier event is dead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeadLetterPolicy {
+    /// The aggregate stops until the dead event is replayed: order is never broken.
+    #[default]
+    BlockAggregate,
+    /// Later events go on; the dead one is set aside (consumers see a gap in that aggregate).
+    SkipDead,
+}
+
+/// Exponential backoff with equal jitter and a cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// Delay after the first failure.
+    pub initial: Duration,
+    /// No delay exceeds this (default 5 minutes).
+    pub max: Duration,
+    /// Growth factor per attempt (default 2).
+    pub multiplier: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { initial: Duration::from_secs(1), max: Duration::from_secs(300), multiplier: 2 }
+    }
+}
+
+impl Backoff {
+    /// The delay before retrying after the `attempt`-th failure (1-based): the capped exponential
+    /// delay `d`, jittered uniformly into `[d/2, d]` so that relays retrying together spread out.
+    pub fn delay(&self, attempt: i32) -> Duration {
+        let exponent = attempt.saturating_sub(1).clamp(0, 62) as u32;
+        let factor = u64::from(self.multiplier.max(1)).saturating_pow(exponent);
+        let capped_ms = (self.initial.as_millis() as u64).saturating_mul(factor).min(self.max.as_millis() as u64);
+        let half = capped_ms / 2;
+        let jitter = if half == 0 { 0 } else { rand::rng().random_range(0..=half) };
+        Duration::from_millis(capped_ms - half + jitter)
+    }
+}
+
+/// Relay settings. Build with [`RelayConfig::default`] and the `with_*` methods; [`RelayConfig::validate`]
+/// runs when a relay is created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RelayConfig {
+    /// Most rows claimed per pass (default 100).
+    pub batch_size: u32,
+    /// Failed attempts after which an event is dead (default 10).
+    pub max_attempts: i32,
+    /// Retry delays.
+    pub backoff: Backoff,
+    /// Transaction or lease claims.
+    pub claim_mode: ClaimMode,
+    /// What a dead event does to its aggregate.
+    pub dead_letters: DeadLetterPolicy,
+    /// Sleep between passes when nothing was due (default 500 ms).
+    pub poll_interval: Duration,
+    /// A publish that takes longer fails the whole batch (default 10 s). In lease mode it must be shorter
+    /// than the lease.
+    pub publish_timeout: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            batch_size: 100,
+            max_attempts: 10,
+            backoff: Backoff::default(),
+            claim_mode: ClaimMode::Transaction,
+            dead_letters: DeadLetterPolicy::BlockAggregate,
+            poll_interval: Duration::from_millis(500),
+            publish_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Sets [`RelayConfig::batch_size`].
+    pub fn with_batch_size(mut self, batch_size: u32) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+    /// Sets [`RelayConfig::max_attempts`].
+    pub fn with_max_attempts(mut self, max_attempts: i32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+    /// Sets [`RelayConfig::backoff`].
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+    /// Sets [`RelayConfig::claim_mode`].
+    pub fn with_claim_mode(mut self, claim_mode: ClaimMode) -> Self {
+        self.claim_mode = claim_mode;
+        self
+    }
+    /// Sets [`RelayConfig::dead_letters`].
+    pub fn with_dead_letters(mut self, policy: DeadLetterPolicy) -> Self {
+        self.dead_letters = policy;
+        self
+    }
+    /// Sets [`RelayConfig::poll_interval`].
+    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+    /// Sets [`RelayConfig::publish_timeout`].
+    pub fn with_publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// Checks every setting, naming the first that is out of range.
+    pub fn validate(&self) -> Result<()> {
+        if self.batch_size == 0 || self.batch_size > 10_000 {
+            return Err(Error::invalid_config("batch_size", format!("is {}; expected 1..=10000", self.batch_size)));
+        }
+        if self.max_attempts < 1 {
+            return Err(Error::invalid_config(
+                "max_attempts",
+                format!("is {}; expected at least 1 (1 means no retry)", self.max_attempts),
+            ));
+        }
+        if self.backoff.initial.is_zero() || self.backoff.initial > self.backoff.max {
+            return Err(Error::invalid_config(
+                "backoff",
+                format!(
+                    "initial delay {:?} must be positive and at most the cap {:?}",
+                    self.backoff.initial, self.backoff.max
+                ),
+            ));
+        }
+        if self.backoff.multiplier == 0 {
+            return Err(Error::invalid_config("backoff.multiplier", "is 0; expected at least 1"));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(Error::invalid_config("poll_interval", "is zero; a relay would spin"));
+        }
+        if self.publish_timeout.is_zero() {
+            return Err(Error::invalid_config("publish_timeout", "is zero; every publish would time out"));
+        }
+        if let ClaimMode::Lease { duration } = self.claim_mode {
+            if duration <= self.publish_timeout {
+                return Err(Error::invalid_config(
+                    "claim_mode",
+                    format!(
+                        "lease of {duration:?} is not longer than publish_timeout {:?}; a publish could outlive its lease",
+                        self.publish_timeout
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_exponentially_with_jitter_and_stays_under_the_cap() {
+        let backoff = Backoff::default();
+        for _ in 0..100 {
+            let first = backoff.delay(1);
+            assert!(first >= Duration::from_millis(500) && first <= Duration::from_secs(1), "{first:?}");
+            let fourth = backoff.delay(4);
+            assert!(fourth >= Duration::from_secs(4) && fourth <= Duration::from_secs(8), "{fourth:?}");
+            assert!(backoff.delay(60) <= Duration::from_secs(300));
+            assert!(backoff.delay(60) >= Duration::from_secs(150));
+        }
+    }
+
+    #[test]
+    fn zero_batch_size_and_zero_attempts_are_rejected_by_name() {
+        let err = RelayConfig::default().with_batch_size(0).validate().unwrap_err();
+        assert!(err.to_string().contains("`batch_size` is 0"), "{err}");
+        let err = RelayConfig::default().with_max_attempts(0).validate().unwrap_err();
+        assert!(err.to_string().contains("`max_attempts` is 0"), "{err}");
+        let err = RelayConfig::default()
+            .with_claim_mode(ClaimMode::Lease { duration: Duration::from_secs(1) })
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("claim_mode"), "{err}");
+        RelayConfig::default().validate().unwrap();
+    }
+}

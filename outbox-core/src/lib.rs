@@ -1,0 +1,42 @@
+//! # outbox-core
+//!
+//! The runtime of the transactional outbox, independent of any ORM.
+//!
+//! A service that commits a row and then publishes an event loses the event when it crashes in between
+//! (the *dual write* problem). Instead, the event is written as an outbox row in the same transaction as
+//! the business change; a [`Relay`] later publishes committed rows to a broker through a [`Publisher`]
+//! (at-least-once), and consumers de-duplicate through an inbox ([`InboxOutcome`]), so each event's effect
+//! happens exactly once.
+//!
+//! - [`NewEvent`] / [`OutboxEvent`]: the envelope, validated on construction.
+//! - [`Relay`]: claim, publish, mark; retry with [`Backoff`]; dead letters; per-aggregate order.
+//! - [`OutboxStore`]: what a database must provide (`outbox-seaorm` implements it for SeaORM).
+//! - [`Publisher`]: what a broker adapter must provide; [`InMemoryPublisher`] for tests.
+//!
+//! ## Ordering
+//! A store claims only the oldest unpublished event of each aggregate, so an event is never published while
+//! an earlier event of its aggregate is unpublished, with one relay or many. A dead event blocks its
+//! aggregate unless [`DeadLetterPolicy::SkipDead`] is chosen.
+
+mod config;
+mod envelope;
+mod error;
+mod inbox;
+mod memory;
+mod publisher;
+mod relay;
+mod store;
+
+pub use config::{Backoff, ClaimMode, DeadLetterPolicy, RelayConfig};
+pub use envelope::{
+    DEFAULT_MAX_PAYLOAD_BYTES, EventId, Headers, MAX_AGGREGATE_ID_LEN, MAX_AGGREGATE_TYPE_LEN, MAX_EVENT_TYPE_LEN,
+    MAX_HEADER_NAME_LEN, NewEvent, OutboxEvent,
+};
+pub use error::{BoxError, Error, Result};
+pub use inbox::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
+pub use memory::InMemoryPublisher;
+pub use publisher::{PublishError, Publisher};
+pub use relay::{Relay, RelayPass};
+pub use store::{BatchOutcome, ClaimRequest, ClaimedBatch, Failure, MarkReport, OutboxStats, OutboxStore};
+
+pub use tokio_util::sync::CancellationToken;

@@ -1,0 +1,103 @@
+//! The contract between the relay and a database: claim due rows, then record each outcome.
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::config::{ClaimMode, DeadLetterPolicy};
+use crate::envelope::OutboxEvent;
+use crate::error::Result;
+
+/// What the relay asks a store to claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClaimRequest {
+    /// The relay's clock; rows with `next_attempt_at <= now` are due.
+    pub now: DateTime<Utc>,
+    /// Most rows to claim.
+    pub limit: u32,
+    /// Transaction or lease claim.
+    pub mode: ClaimMode,
+    /// Whether a dead event blocks its aggregate.
+    pub dead_letters: DeadLetterPolicy,
+}
+
+/// A failed publish of one claimed row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The row's sequence number.
+    pub seq: i64,
+    /// Recorded as `last_error`.
+    pub error: String,
+    /// When the row is due again.
+    pub next_attempt_at: DateTime<Utc>,
+    /// Whether the row is now dead (attempts reached `max_attempts`, or the failure is permanent).
+    pub dead: bool,
+}
+
+/// The outcome of publishing a claimed batch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// When the outcome was recorded.
+    pub now: DateTime<Utc>,
+    /// Sequence numbers the broker confirmed.
+    pub published: Vec<i64>,
+    /// Rows the broker did not confirm.
+    pub failed: Vec<Failure>,
+}
+
+/// What a store wrote when completing a batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MarkReport {
+    /// Rows marked published.
+    pub published: u64,
+    /// Rows marked failed (including dead ones).
+    pub failed: u64,
+    /// Rows not marked because their lease had passed to another relay (lease mode only).
+    pub fenced: u64,
+}
+
+/// Rows a store has claimed for one relay pass.
+///
+/// Dropping a batch without completing it releases the claim: the transaction rolls back, or the lease
+/// expires. Either way the rows are published again later, never lost.
+pub trait ClaimedBatch: Send {
+    /// The claimed rows in sequence order; at most one per aggregate.
+    fn events(&self) -> &[OutboxEvent];
+
+    /// Records the outcome with one statement per kind of outcome, and releases the claim.
+    fn complete(self, outcome: BatchOutcome) -> impl Future<Output = Result<MarkReport>> + Send;
+}
+
+/// Backlog figures for alerting: a growing `oldest_pending_age` means a stopped relay, a broker outage or a
+/// poison event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OutboxStats {
+    /// Unpublished events that will still be tried.
+    pub pending: u64,
+    /// Unpublished events that reached `max_attempts` (or failed permanently).
+    pub dead: u64,
+    /// Age in whole seconds of the oldest pending event, 0 when none.
+    pub oldest_pending_seconds: u64,
+    /// The highest attempt count among unpublished events.
+    pub max_attempts: i32,
+}
+
+/// A database that holds the outbox.
+pub trait OutboxStore: Send + Sync {
+    /// The claim handed back by [`OutboxStore::claim`].
+    type Batch: ClaimedBatch;
+
+    /// Claims up to `request.limit` due rows, each the oldest unpublished row of its aggregate, skipping
+    /// rows another relay holds.
+    fn claim(&self, request: ClaimRequest) -> impl Future<Output = Result<Self::Batch>> + Send;
+
+    /// Current backlog figures.
+    fn stats(&self, now: DateTime<Utc>) -> impl Future<Output = Result<OutboxStats>> + Send;
+
+    /// Deletes published rows older than `retention`, at most `batch` rows per statement; returns how many.
+    fn cleanup(&self, now: DateTime<Utc>, retention: Duration, batch: u32) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Makes dead rows due again with a fresh attempt count; returns how many.
+    fn replay_dead(&self, now: DateTime<Utc>) -> impl Future<Output = Result<u64>> + Send;
+}
