@@ -1,0 +1,39 @@
+//! Opening a database for the outbox from a URL.
+
+use std::time::Duration;
+
+use sea_orm::{ConnectOptions, Database, DatabaseConnection};
+
+use crate::error::{Error, Result};
+
+/// The URL schemes this crate supports.
+pub const SUPPORTED_SCHEMES: [&str; 5] = ["postgres", "postgresql", "mysql", "mariadb", "sqlite"];
+
+/// Connects to `url` (`postgres://`, `mysql://`, `mariadb://` or `sqlite:`), rejecting other schemes with
+/// a typed error before any connection is attempted. SQLite connections wait up to 10 s for the write lock
+/// instead of failing with `database is locked`.
+pub async fn connect(url: &str) -> Result<DatabaseConnection> {
+    let scheme = url.split_once(':').map(|(scheme, _)| scheme.to_ascii_lowercase()).unwrap_or_default();
+    if !SUPPORTED_SCHEMES.contains(&scheme.as_str()) {
+        return Err(Error::invalid_config(
+            "database_url",
+            format!("has scheme {scheme:?}; expected one of {}", SUPPORTED_SCHEMES.join(", ")),
+        ));
+    }
+    let url = if scheme == "mariadb" { format!("mysql{}", &url["mariadb".len()..]) } else { url.to_owned() };
+    let mut options = ConnectOptions::new(url);
+    options.sqlx_logging(false);
+    if scheme == "sqlite" {
+        options.map_sqlx_sqlite_opts(|opts| opts.busy_timeout(Duration::from_secs(10)));
+    }
+    Database::connect(options).await.map_err(|e| Error::Store {
+        operation: "connect",
+        table: "-",
+        backend: match scheme.as_str() {
+            "postgres" | "postgresql" => "PostgreSQL",
+            "sqlite" => "SQLite",
+            _ => "MySQL",
+        },
+        source: Box::new(e),
+    })
+}

@@ -1,0 +1,33 @@
+//! Errors: the runtime's [`Error`], plus [`InboxError`] for handlers that bring their own error type.
+
+use sea_orm::{DbBackend, DbErr};
+
+pub use outbox_core::{Error, Result};
+
+/// A readable name for a backend, used in error messages.
+pub(crate) fn backend_name(backend: DbBackend) -> &'static str {
+    match backend {
+        DbBackend::Postgres => "PostgreSQL",
+        DbBackend::MySql => "MySQL",
+        DbBackend::Sqlite => "SQLite",
+        _ => "unknown backend",
+    }
+}
+
+/// Wraps a database error with what was being done, on which table, on which backend.
+pub(crate) fn store_error(operation: &'static str, table: &'static str, backend: DbBackend, source: DbErr) -> Error {
+    Error::Store { operation, table, backend: backend_name(backend), source: Box::new(source) }
+}
+
+/// Why [`handle_once`](crate::handle_once) did not process a message. Either way the effect and the inbox
+/// row were rolled back together.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InboxError<E> {
+    /// The effect returned an error.
+    #[error("effect failed: {0}")]
+    Effect(#[source] E),
+    /// The inbox itself failed (invalid consumer or message id, database error).
+    #[error(transparent)]
+    Outbox(#[from] Error),
+}

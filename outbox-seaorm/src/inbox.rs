@@ -1,0 +1,87 @@
+//! Consumer-side de-duplication in the consumer's own database.
+
+use chrono::Utc;
+use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, Statement, TransactionTrait};
+
+use outbox_core::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
+
+use crate::error::{Error, InboxError, store_error};
+
+/// Runs `effect` at most once per `(consumer, message_id)`.
+///
+/// Inserts the inbox row and runs the effect in ONE transaction (a savepoint when `db` is already a
+/// transaction): a duplicate returns [`InboxOutcome::Duplicate`] without running the effect; an effect
+/// error rolls back both, so the message can be retried. Concurrent deliveries of one message wait on the
+/// inbox row: one processes, the others see a duplicate.
+///
+/// ```no_run
+/// # async fn demo(db: &sea_orm::DatabaseConnection, id: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// use sea_orm::ConnectionTrait;
+/// let outcome = outbox_seaorm::handle_once(db, "billing", id, async |txn| {
+///     txn.execute_unprepared("INSERT INTO invoices (order_id) VALUES ('o1')").await
+/// })
+/// .await?;
+/// # Ok(()) }
+/// ```
+pub async fn handle_once<C, F, T, E>(
+    db: &C,
+    consumer: &str,
+    message_id: &str,
+    effect: F,
+) -> Result<InboxOutcome<T>, InboxError<E>>
+where
+    C: ConnectionTrait + TransactionTrait<Transaction = DatabaseTransaction>,
+    F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
+{
+    check_key("consumer", consumer, MAX_CONSUMER_LEN)?;
+    check_key("message_id", message_id, MAX_MESSAGE_ID_LEN)?;
+    let backend = db.get_database_backend();
+    let txn = db.begin().await.map_err(|e| store_error("begin", "inbox_messages", backend, e))?;
+    let inserted = txn
+        .execute_raw(record_statement(backend, consumer, message_id))
+        .await
+        .map_err(|e| store_error("record a message", "inbox_messages", backend, e))?
+        .rows_affected();
+    if inserted == 0 {
+        txn.rollback().await.map_err(|e| store_error("roll back", "inbox_messages", backend, e))?;
+        tracing::debug!(consumer, message_id, "duplicate message dropped by the inbox");
+        return Ok(InboxOutcome::Duplicate);
+    }
+    match effect(&txn).await {
+        Ok(value) => {
+            txn.commit().await.map_err(|e| store_error("commit", "inbox_messages", backend, e))?;
+            Ok(InboxOutcome::Processed(value))
+        }
+        Err(error) => {
+            txn.rollback().await.map_err(|e| store_error("roll back", "inbox_messages", backend, e))?;
+            Err(InboxError::Effect(error))
+        }
+    }
+}
+
+/// `INSERT` that affects 0 rows for a duplicate: `ON CONFLICT DO NOTHING` on PostgreSQL and SQLite,
+/// `INSERT IGNORE` on MySQL (whose `ON DUPLICATE KEY UPDATE` would report 1 row).
+fn record_statement(backend: DbBackend, consumer: &str, message_id: &str) -> Statement {
+    let sql = match backend {
+        DbBackend::Postgres => {
+            "INSERT INTO inbox_messages (consumer, message_id, processed_at_ms) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING"
+        }
+        DbBackend::MySql => "INSERT IGNORE INTO inbox_messages (consumer, message_id, processed_at_ms) VALUES (?, ?, ?)",
+        _ => "INSERT INTO inbox_messages (consumer, message_id, processed_at_ms) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+    };
+    Statement::from_sql_and_values(
+        backend,
+        sql,
+        [consumer.into(), message_id.into(), Utc::now().timestamp_millis().into()],
+    )
+}
+
+fn check_key(field: &'static str, value: &str, max: usize) -> Result<(), Error> {
+    if value.trim().is_empty() {
+        return Err(Error::invalid_event(field, "is empty"));
+    }
+    if value.len() > max {
+        return Err(Error::invalid_event(field, format!("is {} bytes long; the column holds at most {max}", value.len())));
+    }
+    Ok(())
+}

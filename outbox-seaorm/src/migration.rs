@@ -1,0 +1,160 @@
+//! Schema migrations for the outbox and inbox tables.
+//!
+//! An application with its own `Migrator` adds [`migrations()`] to its list; an application without one
+//! calls [`migrate`], which keeps its own bookkeeping table (`outbox_seaorm_migrations`). Shipped
+//! migrations are never renamed or edited; changes come as new ones.
+
+use sea_orm::{ConnectionTrait, DbBackend};
+use sea_orm_migration::prelude::*;
+
+use crate::error::{Result, store_error};
+
+/// The migrations of this crate, oldest first, for an application's own `Migrator`.
+pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+    vec![Box::new(m20261129_000001_create_outbox::Migration), Box::new(m20261129_000002_create_inbox::Migration)]
+}
+
+/// A migrator with its own bookkeeping table, for applications without a `Migrator`.
+pub struct Migrator;
+
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        migrations()
+    }
+
+    fn migration_table_name() -> DynIden {
+        "outbox_seaorm_migrations".into_iden()
+    }
+}
+
+/// Applies every pending outbox and inbox migration.
+pub async fn migrate(db: &sea_orm::DatabaseConnection) -> Result<()> {
+    Migrator::up(db, None).await.map_err(|e| store_error("migrate", "outbox_events", db.get_database_backend(), e))
+}
+
+/// Runs `statements`, one at a time, on `manager`'s connection.
+async fn execute_all(manager: &SchemaManager<'_>, statements: &[&str]) -> std::result::Result<(), DbErr> {
+    let db = manager.get_connection();
+    for sql in statements {
+        db.execute_unprepared(sql).await?;
+    }
+    Ok(())
+}
+
+#[derive(DeriveIden)]
+enum OutboxEvents {
+    Table,
+    Seq,
+    EventId,
+    AggregateType,
+    AggregateId,
+    EventType,
+    SchemaVersion,
+    Payload,
+    Headers,
+    CreatedAtMs,
+    Attempts,
+    NextAttemptAtMs,
+    LastError,
+    PublishedAtMs,
+    DeadAtMs,
+    LeaseToken,
+    LeaseUntilMs,
+}
+
+#[derive(DeriveIden)]
+enum InboxMessages {
+    Table,
+    Consumer,
+    MessageId,
+    ProcessedAtMs,
+}
+
+/// Creates `outbox_events` and the indexes the relay's claim, stats and cleanup use.
+#[allow(non_camel_case_types)]
+pub mod m20261129_000001_create_outbox {
+    use super::*;
+
+    /// The migration.
+    #[derive(DeriveMigrationName)]
+    pub struct Migration;
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            manager
+                .create_table(
+                    Table::create()
+                        .table(OutboxEvents::Table)
+                        .col(ColumnDef::new(OutboxEvents::Seq).big_integer().not_null().auto_increment().primary_key())
+                        .col(ColumnDef::new(OutboxEvents::EventId).string_len(36).not_null().unique_key())
+                        .col(ColumnDef::new(OutboxEvents::AggregateType).string_len(64).not_null())
+                        .col(ColumnDef::new(OutboxEvents::AggregateId).string_len(128).not_null())
+                        .col(ColumnDef::new(OutboxEvents::EventType).string_len(128).not_null())
+                        .col(ColumnDef::new(OutboxEvents::SchemaVersion).integer().not_null())
+                        .col(ColumnDef::new(OutboxEvents::Payload).json_binary().not_null())
+                        .col(ColumnDef::new(OutboxEvents::Headers).json_binary().not_null())
+                        .col(ColumnDef::new(OutboxEvents::CreatedAtMs).big_integer().not_null())
+                        .col(ColumnDef::new(OutboxEvents::Attempts).integer().not_null().default(0))
+                        .col(ColumnDef::new(OutboxEvents::NextAttemptAtMs).big_integer().not_null())
+                        .col(ColumnDef::new(OutboxEvents::LastError).text().null())
+                        .col(ColumnDef::new(OutboxEvents::PublishedAtMs).big_integer().null())
+                        .col(ColumnDef::new(OutboxEvents::DeadAtMs).big_integer().null())
+                        .col(ColumnDef::new(OutboxEvents::LeaseToken).string_len(36).null())
+                        .col(ColumnDef::new(OutboxEvents::LeaseUntilMs).big_integer().null())
+                        .to_owned(),
+                )
+                .await?;
+            // The claim scans unpublished rows by seq and probes each aggregate's earlier unpublished rows;
+            // cleanup scans published rows by age. Where partial indexes exist they hold pending rows only,
+            // so they stay small however large the table grows.
+            let indexes: &[&str] = match manager.get_database_backend() {
+                DbBackend::MySql => &[
+                    "CREATE INDEX outbox_events_pending ON outbox_events (published_at_ms, seq)",
+                    "CREATE INDEX outbox_events_aggregate ON outbox_events (aggregate_type, aggregate_id, published_at_ms, seq)",
+                ],
+                _ => &[
+                    "CREATE INDEX outbox_events_pending ON outbox_events (seq) WHERE published_at_ms IS NULL",
+                    "CREATE INDEX outbox_events_aggregate ON outbox_events (aggregate_type, aggregate_id, seq) WHERE published_at_ms IS NULL",
+                    "CREATE INDEX outbox_events_published ON outbox_events (published_at_ms) WHERE published_at_ms IS NOT NULL",
+                ],
+            };
+            execute_all(manager, indexes).await
+        }
+
+        async fn down(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            manager.drop_table(Table::drop().table(OutboxEvents::Table).to_owned()).await
+        }
+    }
+}
+
+/// Creates `inbox_messages`, keyed by `(consumer, message_id)`.
+#[allow(non_camel_case_types)]
+pub mod m20261129_000002_create_inbox {
+    use super::*;
+
+    /// The migration.
+    #[derive(DeriveMigrationName)]
+    pub struct Migration;
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            manager
+                .create_table(
+                    Table::create()
+                        .table(InboxMessages::Table)
+                        .col(ColumnDef::new(InboxMessages::Consumer).string_len(128).not_null())
+                        .col(ColumnDef::new(InboxMessages::MessageId).string_len(128).not_null())
+                        .col(ColumnDef::new(InboxMessages::ProcessedAtMs).big_integer().not_null())
+                        .primary_key(Index::create().col(InboxMessages::Consumer).col(InboxMessages::MessageId))
+                        .to_owned(),
+                )
+                .await
+        }
+
+        async fn down(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            manager.drop_table(Table::drop().table(InboxMessages::Table).to_owned()).await
+        }
+    }
+}
