@@ -40,10 +40,8 @@ pub async fn enqueue_all<C: ConnectionTrait>(conn: &C, events: &[NewEvent]) -> R
         Column::NextAttemptAtMs,
     ]);
     for event in events {
-        let headers = serde_json::to_string(event.headers()).map_err(|source| outbox_core::Error::Serialize {
-            event_type: event.event_type().to_owned(),
-            source,
-        })?;
+        let headers = serde_json::to_string(event.headers())
+            .map_err(|source| outbox_core::Error::Serialize { event_type: event.event_type().to_owned(), source })?;
         insert
             .values([
                 event.id().to_string().into(),
@@ -57,7 +55,9 @@ pub async fn enqueue_all<C: ConnectionTrait>(conn: &C, events: &[NewEvent]) -> R
                 0i32.into(),
                 now_ms.into(),
             ])
-            .map_err(|e| store_error("build an insert", "outbox_events", backend, sea_orm::DbErr::Custom(e.to_string())))?;
+            .map_err(|e| {
+                store_error("build an insert", "outbox_events", backend, sea_orm::DbErr::Custom(e.to_string()))
+            })?;
     }
     conn.execute(&insert).await.map_err(|e| store_error("enqueue events", "outbox_events", backend, e))?;
     Ok(events.iter().map(NewEvent::id).collect())

@@ -66,8 +66,12 @@ fn record_statement(backend: DbBackend, consumer: &str, message_id: &str) -> Sta
         DbBackend::Postgres => {
             "INSERT INTO inbox_messages (consumer, message_id, processed_at_ms) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING"
         }
-        DbBackend::MySql => "INSERT IGNORE INTO inbox_messages (consumer, message_id, processed_at_ms) VALUES (?, ?, ?)",
-        _ => "INSERT INTO inbox_messages (consumer, message_id, processed_at_ms) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+        DbBackend::MySql => {
+            "INSERT IGNORE INTO inbox_messages (consumer, message_id, processed_at_ms) VALUES (?, ?, ?)"
+        }
+        _ => {
+            "INSERT INTO inbox_messages (consumer, message_id, processed_at_ms) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
+        }
     };
     Statement::from_sql_and_values(
         backend,
@@ -81,7 +85,10 @@ fn check_key(field: &'static str, value: &str, max: usize) -> Result<(), Error> 
         return Err(Error::invalid_event(field, "is empty"));
     }
     if value.len() > max {
-        return Err(Error::invalid_event(field, format!("is {} bytes long; the column holds at most {max}", value.len())));
+        return Err(Error::invalid_event(
+            field,
+            format!("is {} bytes long; the column holds at most {max}", value.len()),
+        ));
     }
     Ok(())
 }

@@ -34,8 +34,8 @@
 //! | claim round trips | 1 | 2 | 1 |
 
 mod connect;
-pub mod entity;
 mod enqueue;
+pub mod entity;
 mod error;
 mod inbox;
 pub mod migration;

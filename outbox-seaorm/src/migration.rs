@@ -76,8 +76,13 @@ pub mod m20261129_000001_create_outbox {
     use super::*;
 
     /// The migration.
-    #[derive(DeriveMigrationName)]
     pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m20261129_000001_create_outbox"
+        }
+    }
 
     #[async_trait::async_trait]
     impl MigrationTrait for Migration {
@@ -134,8 +139,13 @@ pub mod m20261129_000002_create_inbox {
     use super::*;
 
     /// The migration.
-    #[derive(DeriveMigrationName)]
     pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m20261129_000002_create_inbox"
+        }
+    }
 
     #[async_trait::async_trait]
     impl MigrationTrait for Migration {

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{
-    Alias, CaseStatement, Cond, Expr, ExprTrait, LockBehavior, LockType, Order, Query, SelectStatement,
-    SimpleExpr, UpdateStatement,
+    Alias, CaseStatement, Cond, Expr, ExprTrait, LockBehavior, LockType, Order, Query, SelectStatement, SimpleExpr,
+    UpdateStatement,
 };
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, QueryResult, SqliteTransactionMode,
@@ -150,7 +150,10 @@ fn decode_row(row: &QueryResult) -> std::result::Result<OutboxEvent, DbErr> {
 }
 
 /// Selects and locks up to `limit` heads inside `txn`.
-async fn claim_heads(txn: &DatabaseTransaction, request: &ClaimRequest) -> std::result::Result<Vec<OutboxEvent>, DbErr> {
+async fn claim_heads(
+    txn: &DatabaseTransaction,
+    request: &ClaimRequest,
+) -> std::result::Result<Vec<OutboxEvent>, DbErr> {
     let backend = txn.get_database_backend();
     let now_ms = request.now.timestamp_millis();
     let o = Alias::new("o");
@@ -269,7 +272,8 @@ impl OutboxStore for SeaOrmStore {
                 oldest_pending_seconds: oldest
                     .map(|created| Ord::max(now.timestamp_millis() - created, 0) as u64 / 1000)
                     .unwrap_or(0),
-                max_attempts: get_i64("max_attempts").or_else(|_| row.try_get::<i32>("", "max_attempts").map(i64::from))?
+                max_attempts: get_i64("max_attempts")
+                    .or_else(|_| row.try_get::<i32>("", "max_attempts").map(i64::from))?
                     as i32,
             })
         };
@@ -282,7 +286,9 @@ impl OutboxStore for SeaOrmStore {
         }
         let cutoff_ms = now.timestamp_millis().saturating_sub(retention.as_millis() as i64);
         let old = || {
-            Cond::all().add(Expr::col(Column::PublishedAtMs).is_not_null()).add(Expr::col(Column::PublishedAtMs).lt(cutoff_ms))
+            Cond::all()
+                .add(Expr::col(Column::PublishedAtMs).is_not_null())
+                .add(Expr::col(Column::PublishedAtMs).lt(cutoff_ms))
         };
         let mut deleted = 0u64;
         loop {
@@ -293,7 +299,12 @@ impl OutboxStore for SeaOrmStore {
                 delete.cond_where(old()).order_by(Column::Seq, Order::Asc).limit(u64::from(batch));
             } else {
                 let mut oldest = Query::select();
-                oldest.column(Column::Seq).from(Entity).cond_where(old()).order_by(Column::Seq, Order::Asc).limit(u64::from(batch));
+                oldest
+                    .column(Column::Seq)
+                    .from(Entity)
+                    .cond_where(old())
+                    .order_by(Column::Seq, Order::Asc)
+                    .limit(u64::from(batch));
                 delete.and_where(Expr::col(Column::Seq).in_subquery(oldest));
             }
             let n = self.db.execute(&delete).await.map_err(self.err("delete published rows"))?.rows_affected();
@@ -341,7 +352,11 @@ fn truncate(message: &str) -> String {
     format!("{}…", &message[..end])
 }
 
-async fn mark<C: ConnectionTrait>(conn: &C, outcome: BatchOutcome, token: Option<&str>) -> std::result::Result<MarkReport, DbErr> {
+async fn mark<C: ConnectionTrait>(
+    conn: &C,
+    outcome: BatchOutcome,
+    token: Option<&str>,
+) -> std::result::Result<MarkReport, DbErr> {
     let now_ms = outcome.now.timestamp_millis();
     let mut report = MarkReport::default();
     let expected = (outcome.published.len() + outcome.failed.len()) as u64;
@@ -382,16 +397,21 @@ impl ClaimedBatch for SeaOrmBatch {
             Hold::Nothing => Ok(MarkReport::default()),
             Hold::Transaction(txn) => {
                 let backend = txn.get_database_backend();
-                let report = mark(&txn, outcome, None).await.map_err(|e| store_error("mark a batch", TABLE, backend, e))?;
+                let report =
+                    mark(&txn, outcome, None).await.map_err(|e| store_error("mark a batch", TABLE, backend, e))?;
                 txn.commit().await.map_err(|e| store_error("commit a batch", TABLE, backend, e))?;
                 Ok(report)
             }
             Hold::Lease { db, token } => {
                 let backend = db.get_database_backend();
-                let report =
-                    mark(&db, outcome, Some(&token)).await.map_err(|e| store_error("mark a leased batch", TABLE, backend, e))?;
+                let report = mark(&db, outcome, Some(&token))
+                    .await
+                    .map_err(|e| store_error("mark a leased batch", TABLE, backend, e))?;
                 if report.fenced > 0 {
-                    tracing::warn!(fenced = report.fenced, "lease expired and another relay took over; outcome not recorded");
+                    tracing::warn!(
+                        fenced = report.fenced,
+                        "lease expired and another relay took over; outcome not recorded"
+                    );
                 }
                 Ok(report)
             }

@@ -1,1 +1,118 @@
-//! Shared helpers for the integration tests.
+//! Shared helpers for the integration tests: each test gets its own database on every backend.
+//!
+//! - PostgreSQL: a schema named after the test (`OUTBOX_TEST_POSTGRES_URL`, default
+//!   `postgres://postgres@127.0.0.1:5432/test`).
+//! - MySQL/MariaDB: a database named after the test (`OUTBOX_TEST_MYSQL_URL`, default
+//!   `mysql://root@127.0.0.1:3306/test`).
+//! - SQLite: a file named after the test under the system temp directory.
+//!
+//! A server that does not answer is skipped with a printed reason, except under `CI=true`, where the test
+//! fails.
+
+use std::fmt;
+
+use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend};
+
+/// One backend's database, fresh for one test.
+pub struct TestDb {
+    /// The connection, migrated.
+    pub db: DatabaseConnection,
+    /// Which backend.
+    pub backend: DbBackend,
+    /// The URL the connection was opened with (for a second pool).
+    pub url: String,
+}
+
+impl fmt::Display for TestDb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.backend {
+            DbBackend::Postgres => "PostgreSQL",
+            DbBackend::MySql => "MySQL",
+            _ => "SQLite",
+        })
+    }
+}
+
+impl TestDb {
+    /// Opens another pool on the same database (a second relay process, say).
+    pub async fn reconnect(&self) -> DatabaseConnection {
+        connect(&self.url, self.backend, &self.schema()).await.expect("reconnect")
+    }
+
+    fn schema(&self) -> String {
+        self.url.rsplit('#').next().unwrap_or_default().to_owned()
+    }
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+async fn connect(url: &str, backend: DbBackend, schema: &str) -> Result<DatabaseConnection, sea_orm::DbErr> {
+    let base = url.split('#').next().unwrap_or(url).to_owned();
+    let mut options = ConnectOptions::new(base);
+    options.sqlx_logging(false).max_connections(8);
+    if backend == DbBackend::Postgres {
+        options.set_schema_search_path(schema.to_owned());
+    }
+    Database::connect(options).await
+}
+
+/// A fresh, migrated database for `test` on every reachable backend.
+pub async fn all_backends(test: &str) -> Vec<TestDb> {
+    let mut dbs = vec![sqlite(test).await];
+    for result in [postgres(test).await, mysql(test).await] {
+        match result {
+            Ok(db) => dbs.push(db),
+            Err(reason) if in_ci() => panic!("CI=true but {reason}"),
+            Err(reason) => eprintln!("skipping: {reason}"),
+        }
+    }
+    for t in &dbs {
+        outbox_seaorm::migrate(&t.db).await.unwrap_or_else(|e| panic!("migrate {t}: {e}"));
+    }
+    dbs
+}
+
+async fn sqlite(test: &str) -> TestDb {
+    let dir = std::env::temp_dir().join("outbox-tests");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(format!("{test}.db"));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let db = outbox_seaorm::connect(&url).await.expect("sqlite");
+    TestDb { db, backend: DbBackend::Sqlite, url }
+}
+
+async fn postgres(test: &str) -> Result<TestDb, String> {
+    let url = std::env::var("OUTBOX_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let admin = connect(&url, DbBackend::Postgres, "public")
+        .await
+        .map_err(|e| format!("PostgreSQL at {url} is unreachable: {e}"))?;
+    let schema = format!("t_{test}");
+    admin
+        .execute_unprepared(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+        .await
+        .map_err(|e| format!("PostgreSQL: cannot create schema {schema}: {e}"))?;
+    admin.close().await.ok();
+    let url = format!("{url}#{schema}");
+    let db = connect(&url, DbBackend::Postgres, &schema).await.map_err(|e| e.to_string())?;
+    Ok(TestDb { db, backend: DbBackend::Postgres, url })
+}
+
+async fn mysql(test: &str) -> Result<TestDb, String> {
+    let url = std::env::var("OUTBOX_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    let admin = connect(&url, DbBackend::MySql, "").await.map_err(|e| format!("MySQL at {url} is unreachable: {e}"))?;
+    let database = format!("t_{test}");
+    for sql in [format!("DROP DATABASE IF EXISTS {database}"), format!("CREATE DATABASE {database}")] {
+        admin.execute_unprepared(&sql).await.map_err(|e| format!("MySQL: {sql}: {e}"))?;
+    }
+    admin.close().await.ok();
+    let base = url.rsplit_once('/').map(|(base, _)| base).unwrap_or(&url);
+    let url = format!("{base}/{database}");
+    let db = connect(&url, DbBackend::MySql, "").await.map_err(|e| e.to_string())?;
+    Ok(TestDb { db, backend: DbBackend::MySql, url })
+}
