@@ -163,16 +163,16 @@ impl RelayConfig {
         if self.publish_timeout.is_zero() {
             return Err(Error::invalid_config("publish_timeout", "is zero; every publish would time out"));
         }
-        if let ClaimMode::Lease { duration } = self.claim_mode {
-            if duration <= self.publish_timeout {
-                return Err(Error::invalid_config(
-                    "claim_mode",
-                    format!(
-                        "lease of {duration:?} is not longer than publish_timeout {:?}; a publish could outlive its lease",
-                        self.publish_timeout
-                    ),
-                ));
-            }
+        if let ClaimMode::Lease { duration } = self.claim_mode
+            && duration <= self.publish_timeout
+        {
+            return Err(Error::invalid_config(
+                "claim_mode",
+                format!(
+                    "lease of {duration:?} is not longer than publish_timeout {:?}; a publish could outlive its lease",
+                    self.publish_timeout
+                ),
+            ));
         }
         Ok(())
     }

@@ -44,9 +44,33 @@ pub enum Error {
         event_id: String,
         /// The event type.
         event_type: String,
-        /// The deserializer's error.
+            /// The deserializer's error.
         #[source]
         source: serde_json::Error,
+    },
+    /// A message carries an event type this handler does not know.
+    #[error("event {event_id} has type `{found}`; this handler expects `{expected}`")]
+    UnknownEventType {
+        /// The event id.
+        event_id: String,
+        /// The type on the message.
+        found: String,
+        /// The type the handler decodes.
+        expected: &'static str,
+    },
+    /// A message carries a schema version this code cannot decode.
+    #[error("event {event_id} (`{event_type}`) has schema version {version}; this code decodes versions {oldest} to {newest}")]
+    UnsupportedVersion {
+        /// The event id.
+        event_id: String,
+        /// The event type.
+        event_type: &'static str,
+        /// The version on the message.
+        version: i32,
+        /// The oldest version with an upcaster.
+        oldest: i32,
+        /// The current version.
+        newest: i32,
     },
     /// The store (database) failed.
     #[error("outbox store failed to {operation} on `{table}` ({backend}): {source}")]

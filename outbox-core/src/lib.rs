@@ -21,10 +21,12 @@
 mod config;
 mod envelope;
 mod error;
+mod event;
 mod inbox;
 mod memory;
 mod publisher;
 mod relay;
+pub mod schema_lock;
 mod store;
 
 pub use config::{Backoff, ClaimMode, DeadLetterPolicy, RelayConfig};
@@ -33,6 +35,7 @@ pub use envelope::{
     MAX_HEADER_NAME_LEN, NewEvent, OutboxEvent,
 };
 pub use error::{BoxError, Error, Result};
+pub use event::{DomainEvent, EventSchema, FieldSchema, verify_events_lock};
 pub use inbox::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 pub use memory::InMemoryPublisher;
 pub use publisher::{PublishError, Publisher};

@@ -99,14 +99,11 @@ impl Publisher for InMemoryPublisher {
                     state.down_for -= 1;
                     return Err(PublishError::transient("broker unavailable"));
                 }
-                if let Some(left) = state.failing_aggregates.get_mut(&event.aggregate_id) {
-                    if *left > 0 {
-                        *left -= 1;
-                        return Err(PublishError::transient(format!(
-                            "broker rejected aggregate {}",
-                            event.aggregate_id
-                        )));
-                    }
+                if let Some(left) = state.failing_aggregates.get_mut(&event.aggregate_id)
+                    && *left > 0
+                {
+                    *left -= 1;
+                    return Err(PublishError::transient(format!("broker rejected aggregate {}", event.aggregate_id)));
                 }
                 state.log.push(event.clone());
                 if state.lost_acks > 0 {

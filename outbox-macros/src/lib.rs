@@ -1,1 +1,75 @@
-//! Procedural macros for outbox (skeleton).
+//! # outbox-macros
+//!
+//! Procedural macros for the transactional outbox; use them through `outbox-seaorm`, which re-exports them
+//! and which every path in the generated code points to (`::outbox_seaorm::__private`).
+//!
+//! - [`DomainEvent`](derive@DomainEvent): stable name, version, aggregate, upcasting, schema checked
+//!   against `events.lock` at compile time.
+//! - [`transactional_outbox`](macro@transactional_outbox): runs a service method in a transaction and writes
+//!   the events it `emit!`s in that transaction.
+//! - [`idempotent_handler`](macro@idempotent_handler): wraps a consumer in inbox de-duplication, in one
+//!   transaction with its effect.
+//!
+//! Each macro parses, validates, then expands; on an error it still emits the user's item unchanged
+//! alongside the error, so one mistake does not bring a cascade of follow-on errors.
+
+use proc_macro::TokenStream;
+
+mod connection;
+mod diagnostics;
+mod domain_event;
+mod handler;
+#[allow(dead_code, missing_docs)]
+#[path = "../../outbox-core/src/schema_lock.rs"]
+mod schema_lock;
+mod transactional;
+
+/// Implements `DomainEvent` for a struct with named fields.
+///
+/// ```ignore
+/// #[derive(DomainEvent, Serialize, Deserialize)]
+/// #[domain_event(name = "order.placed", version = 2, aggregate = "order", upcast_from(v1 = OrderPlacedV1))]
+/// pub struct OrderPlaced {
+///     #[aggregate_id]
+///     pub order_id: String,
+///     pub total_minor: i64,
+/// }
+/// ```
+///
+/// - `name`: the stable event name (lowercase letters, digits, `.`, `_`, `-`), never a Rust path.
+/// - `version`: the schema version, 1 or more.
+/// - `aggregate`: the aggregate type.
+/// - `upcast_from(vN = Type, ...)`: older versions, each convertible (`From`) into the next and the last
+///   into this type; every version from the oldest listed to `version - 1` must be there.
+/// - `#[aggregate_id]` on exactly one field (any `Display` type).
+///
+/// The schema (JSON field names after serde renames, and Rust types) is compared with the entry for
+/// `(name, version)` in the nearest `events.lock` (searched from the source file's directory up to the crate
+/// root): a locked event whose fields changed does not compile.
+#[proc_macro_derive(DomainEvent, attributes(domain_event, aggregate_id))]
+pub fn derive_domain_event(input: TokenStream) -> TokenStream {
+    domain_event::derive(input.into()).into()
+}
+
+/// Runs an async service method (or every such method of an inherent impl block) in a transaction and
+/// inserts the events it emits with `emit!(event)` into the outbox, in emit order, before commit.
+///
+/// The method takes a SeaORM connection (`&DatabaseConnection`, `&DatabaseTransaction`, or `&C` with
+/// `C: TransactionTrait`): on a connection it begins a transaction, on a transaction a savepoint, so
+/// services compose. Inside the body the connection parameter names the transaction. `Ok` commits; `Err`,
+/// a panic or cancellation rolls back, events included. The error type must implement `From<DbErr>`.
+#[proc_macro_attribute]
+pub fn transactional_outbox(args: TokenStream, item: TokenStream) -> TokenStream {
+    transactional::expand(args.into(), item.into()).into()
+}
+
+/// Turns `async fn name(txn: &DatabaseTransaction, event: E) -> Result<T, Err>` into
+/// `async fn name(db, message: &OutboxEvent) -> Result<InboxOutcome<T>, InboxError<Err>>` that decodes (and
+/// upcasts) the message, records it in the inbox and runs the body in one transaction.
+///
+/// `#[idempotent_handler(consumer = "billing")]`. A duplicate returns `InboxOutcome::Duplicate` without
+/// running the body; an unknown event type or version is an error and records nothing.
+#[proc_macro_attribute]
+pub fn idempotent_handler(args: TokenStream, item: TokenStream) -> TokenStream {
+    handler::expand(args.into(), item.into()).into()
+}

@@ -41,6 +41,11 @@ mod inbox;
 pub mod migration;
 mod store;
 
+#[doc(hidden)]
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
 pub use connect::{SUPPORTED_SCHEMES, connect};
 pub use enqueue::{enqueue, enqueue_all};
 pub use error::InboxError;
@@ -49,4 +54,25 @@ pub use migration::{Migrator, migrate, migrations};
 pub use store::{SeaOrmBatch, SeaOrmStore};
 
 pub use outbox_core::*;
-pub use outbox_macros;
+pub use outbox_macros::{DomainEvent, idempotent_handler, transactional_outbox};
+
+/// Writes an event into the transaction of the enclosing `#[transactional_outbox]` method.
+///
+/// The attribute rewrites every `emit!(event)` in the method's body; anywhere else this macro is a compile
+/// error, so an event can never bypass the outbox.
+#[macro_export]
+macro_rules! emit {
+    ($($event:tt)*) => {
+        ::std::compile_error!(
+            "`emit!` can only be used in the body of an async method annotated with `#[transactional_outbox]` (or in an impl block carrying it), which provides the transaction the event is written to"
+        )
+    };
+}
+
+/// The names most apps need: `use outbox_seaorm::prelude::*;`.
+pub mod prelude {
+    pub use crate::{
+        DomainEvent, InboxOutcome, NewEvent, Relay, RelayConfig, SeaOrmStore, emit, idempotent_handler,
+        transactional_outbox,
+    };
+}

@@ -1,0 +1,69 @@
+//! Support for the generated code of `outbox-macros`; not a public API.
+
+pub use outbox_core::{DomainEvent, EventSchema, FieldSchema, InboxOutcome, OutboxEvent};
+pub use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
+pub use serde_json;
+
+pub use crate::error::InboxError;
+pub use crate::inbox::handle_once;
+
+use sea_orm::TransactionSession;
+
+/// Errors of a `#[transactional_outbox]` method must absorb database errors.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot absorb `sea_orm::DbErr`, so a `#[transactional_outbox]` method cannot return it",
+    label = "this error type has no `From<sea_orm::DbErr>`",
+    note = "add `impl From<sea_orm::DbErr> for {Self}` (or a `#[from] DbErr` variant with thiserror): beginning, writing events and committing can fail"
+)]
+pub trait AbsorbsDbErr {}
+
+impl<E: From<DbErr>> AbsorbsDbErr for E {}
+
+/// Compile-time check, spanned at the user's error type.
+pub fn assert_absorbs_db_err<E: AbsorbsDbErr>() {}
+
+/// Compile-time check, spanned at the user's event type.
+pub fn assert_domain_event<E: DomainEvent>() {}
+
+/// Begins a transaction, or a savepoint when `db` already is one.
+pub async fn begin<C: TransactionTrait>(db: &C) -> Result<C::Transaction, DbErr> {
+    db.begin().await
+}
+
+/// Writes one emitted event into the active transaction, in emit order.
+pub async fn emit<C: ConnectionTrait, E: DomainEvent>(txn: &C, event: &E) -> Result<(), DbErr> {
+    let new_event = event.to_new_event().map_err(into_db_err)?;
+    crate::enqueue(txn, &new_event).await.map_err(into_db_err)?;
+    Ok(())
+}
+
+fn into_db_err(error: outbox_core::Error) -> DbErr {
+    match error {
+        outbox_core::Error::Store { source, .. } => match source.downcast::<DbErr>() {
+            Ok(db_err) => *db_err,
+            Err(other) => DbErr::Custom(other.to_string()),
+        },
+        other => DbErr::Custom(other.to_string()),
+    }
+}
+
+/// Commits on `Ok` (events included), rolls back on `Err`.
+pub async fn finish<Txn, T, E>(txn: Txn, result: Result<T, E>) -> Result<T, E>
+where
+    Txn: TransactionSession,
+    E: From<DbErr>,
+{
+    match result {
+        Ok(value) => {
+            txn.commit().await?;
+            Ok(value)
+        }
+        Err(error) => {
+            if let Err(rollback) = txn.rollback().await {
+                // The connection drops the transaction anyway; the caller's error matters more.
+                tracing::warn!(%rollback, "rollback after a failed #[transactional_outbox] body failed");
+            }
+            Err(error)
+        }
+    }
+}
