@@ -127,21 +127,22 @@ fn rewrite(sig: &Signature, block: &Block) -> syn::Result<Block> {
     emits.visit_block_mut(&mut body);
     let stmts = &body.stmts;
     let conn = &conn.ident;
-    let private = quote!(::outbox_seaorm::__private);
-    let absorbs = error_type(&sig.output).map(|err| {
-        quote_spanned!(err.span()=> #private::assert_absorbs_db_err::<#err>();)
-    });
+    // Both calls that need `E: From<DbErr>` are spanned at the user's error type, so a missing
+    // conversion is reported once, there.
+    let err_span = error_type(&sig.output).map_or_else(Span::call_site, Spanned::span);
+    let err = error_type(&sig.output).map_or_else(|| quote!(_), |e| quote!(#e));
+    let begin = quote_spanned!(err_span=> ::outbox_seaorm::__private::begin::<#err, _>(#conn).await?);
+    let finish = quote_spanned!(err_span=> ::outbox_seaorm::__private::finish(__outbox_txn, __outbox_result).await);
     let tokens = quote! {
         {
-            #absorbs
-            let __outbox_txn = #private::begin(#conn).await?;
+            let __outbox_txn = #begin;
             let __outbox_result: #ret_ty = async {
                 #[allow(unused_variables)]
                 let #conn = &__outbox_txn;
                 #(#stmts)*
             }
             .await;
-            #private::finish(__outbox_txn, __outbox_result).await
+            #finish
         }
     };
     syn::parse2(tokens)
@@ -171,10 +172,12 @@ struct EmitRewriter {
 impl EmitRewriter {
     fn replacement(&mut self, mac: &syn::Macro) -> syn::Expr {
         self.replaced += 1;
-        let private = quote!(::outbox_seaorm::__private);
         let tokens = match mac.parse_body::<syn::Expr>() {
             Ok(event) => quote_spanned! {event.span()=>
-                #private::emit(&__outbox_txn, &(#event)).await?
+                ::outbox_seaorm::__private::emit(
+                    &__outbox_txn,
+                    ::outbox_seaorm::__private::event_ref(&(#event)),
+                ).await?
             },
             Err(_) => quote_spanned! {mac.span()=>
                 ::std::compile_error!("`emit!` takes one event value: `emit!(OrderPlaced { … })`")

@@ -15,19 +15,23 @@ use sea_orm::TransactionSession;
     label = "this error type has no `From<sea_orm::DbErr>`",
     note = "add `impl From<sea_orm::DbErr> for {Self}` (or a `#[from] DbErr` variant with thiserror): beginning, writing events and committing can fail"
 )]
-pub trait AbsorbsDbErr {}
+pub trait AbsorbsDbErr: Sized {
+    /// Converts the database error.
+    fn absorb(error: DbErr) -> Self;
+}
 
-impl<E: From<DbErr>> AbsorbsDbErr for E {}
-
-/// Compile-time check, spanned at the user's error type.
-pub fn assert_absorbs_db_err<E: AbsorbsDbErr>() {}
+impl<E: From<DbErr>> AbsorbsDbErr for E {
+    fn absorb(error: DbErr) -> Self {
+        E::from(error)
+    }
+}
 
 /// Compile-time check, spanned at the user's event type.
 pub fn assert_domain_event<E: DomainEvent>() {}
 
 /// Begins a transaction, or a savepoint when `db` already is one.
-pub async fn begin<C: TransactionTrait>(db: &C) -> Result<C::Transaction, DbErr> {
-    db.begin().await
+pub async fn begin<E: AbsorbsDbErr, C: TransactionTrait>(db: &C) -> Result<C::Transaction, E> {
+    db.begin().await.map_err(E::absorb)
 }
 
 /// Writes one emitted event into the active transaction, in emit order.
@@ -35,6 +39,12 @@ pub async fn emit<C: ConnectionTrait, E: DomainEvent>(txn: &C, event: &E) -> Res
     let new_event = event.to_new_event().map_err(into_db_err)?;
     crate::enqueue(txn, &new_event).await.map_err(into_db_err)?;
     Ok(())
+}
+
+/// The event as a trait object-free reference; its bound is what reports a non-event at the user's
+/// expression.
+pub fn event_ref<E: DomainEvent>(event: &E) -> &E {
+    event
 }
 
 fn into_db_err(error: outbox_core::Error) -> DbErr {
@@ -51,11 +61,11 @@ fn into_db_err(error: outbox_core::Error) -> DbErr {
 pub async fn finish<Txn, T, E>(txn: Txn, result: Result<T, E>) -> Result<T, E>
 where
     Txn: TransactionSession,
-    E: From<DbErr>,
+    E: AbsorbsDbErr,
 {
     match result {
         Ok(value) => {
-            txn.commit().await?;
+            txn.commit().await.map_err(E::absorb)?;
             Ok(value)
         }
         Err(error) => {

@@ -15,6 +15,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sea_orm::sea_query::extension::mysql::{IndexHintScope, MySqlSelectStatementExt};
 use sea_orm::sea_query::{
     Alias, CaseStatement, Cond, Expr, ExprTrait, LockBehavior, LockType, Order, Query, SelectStatement, SimpleExpr,
     UpdateStatement,
@@ -175,7 +176,13 @@ async fn claim_heads(
             }
             let mut lock = Query::select();
             select_claim_columns(&mut lock, backend, Some(&o));
-            lock.from_as(Entity, o.clone())
+            lock.from_as(Entity, o.clone());
+            // Left to itself, MariaDB reads these rows through `outbox_events_pending (published_at_ms, seq)`
+            // (it matches `published_at_ms IS NULL`), and a locking read through a secondary index takes
+            // next-key (gap) locks there: every enqueue, and every other relay's mark, then waits for this
+            // claim (up to innodb_lock_wait_timeout). Forcing the primary key makes it point lookups, which
+            // lock only the claimed rows.
+            lock.force_index(Alias::new("PRIMARY"), IndexHintScope::All)
                 .and_where(Expr::col((o.clone(), Column::Seq)).is_in(seqs))
                 .cond_where(claimable(&o, now_ms))
                 .order_by((o.clone(), Column::Seq), Order::Asc)
@@ -367,20 +374,26 @@ async fn mark<C: ConnectionTrait>(
     }
     if !outcome.failed.is_empty() {
         let (mut error, mut next, mut dead) = (CaseStatement::new(), CaseStatement::new(), CaseStatement::new());
+        let mut any_dead = false;
         for failure in &outcome.failed {
             let this = || Expr::col(Column::Seq).eq(failure.seq);
             error = error.case(this(), Expr::val(truncate(&failure.error)));
             next = next.case(this(), Expr::val(failure.next_attempt_at.timestamp_millis()));
             if failure.dead {
                 dead = dead.case(this(), Expr::val(now_ms));
+                any_dead = true;
             }
         }
         let mut update = fenced_update(outcome.failed.iter().map(|f| f.seq).collect(), token);
         update
             .value(Column::Attempts, Expr::col(Column::Attempts).add(1))
             .value(Column::LastError, error)
-            .value(Column::NextAttemptAtMs, next)
-            .value(Column::DeadAtMs, dead.finally(Expr::col(Column::DeadAtMs)));
+            .value(Column::NextAttemptAtMs, next);
+        // A CASE without any WHEN renders as `(CASE ELSE dead_at_ms END)`, which no backend accepts: touch
+        // `dead_at_ms` only when some failure in this batch is dead.
+        if any_dead {
+            update.value(Column::DeadAtMs, dead.finally(Expr::col(Column::DeadAtMs)));
+        }
         report.failed = conn.execute(&update).await?.rows_affected();
     }
     report.fenced = expected - report.published - report.failed;

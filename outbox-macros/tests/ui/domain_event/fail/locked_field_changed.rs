@@ -1,0 +1,13 @@
+// `order.locked v1` is in events.lock (next to this file) with `total_minor = i64`.
+use outbox_seaorm::DomainEvent;
+use serde::{Deserialize, Serialize};
+
+#[derive(DomainEvent, Serialize, Deserialize)]
+#[domain_event(name = "order.locked", version = 1, aggregate = "order")]
+pub struct OrderLocked {
+    #[aggregate_id]
+    pub order_id: String,
+    pub total_minor: i32,
+}
+
+fn main() {}

@@ -1,0 +1,10 @@
+use outbox_seaorm::DomainEvent;
+use serde::{Deserialize, Serialize};
+
+#[derive(DomainEvent, Serialize, Deserialize)]
+#[domain_event(name = "order.placed", version = 1, aggregate = "order")]
+pub struct OrderPlaced {
+    pub order_id: String,
+}
+
+fn main() {}

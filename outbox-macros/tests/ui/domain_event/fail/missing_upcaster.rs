@@ -1,0 +1,16 @@
+use outbox_seaorm::DomainEvent;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct OrderPlacedV1 {
+    pub order_id: String,
+}
+
+#[derive(DomainEvent, Serialize, Deserialize)]
+#[domain_event(name = "order.placed", version = 3, aggregate = "order", upcast_from(v1 = OrderPlacedV1))]
+pub struct OrderPlaced {
+    #[aggregate_id]
+    pub order_id: String,
+}
+
+fn main() {}
