@@ -1,0 +1,249 @@
+//! The macros on real databases: `#[transactional_outbox]` services commit their events with their
+//! changes or not at all, compose through savepoints, and `#[idempotent_handler]` consumers apply each
+//! event once, upcasting old payloads.
+
+mod common;
+
+use common::{count_inbox, count_outbox, count_table, create_shop_tables, insert_invoice, invoice_total, outbox_rows};
+use outbox_integration_tests::{TestDb, all_backends};
+use outbox_seaorm::prelude::*;
+use outbox_seaorm::{Error, InMemoryPublisher, InboxError, OutboxEvent};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait};
+use serde::{Deserialize, Serialize};
+
+/// Version 1 stored the total in major units and had no customer.
+#[derive(Serialize, Deserialize)]
+struct OrderPlacedV1 {
+    order_id: String,
+    total: i64,
+}
+
+#[derive(DomainEvent, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[domain_event(name = "order.placed", version = 2, aggregate = "order", upcast_from(v1 = OrderPlacedV1))]
+struct OrderPlaced {
+    #[aggregate_id]
+    order_id: String,
+    customer: String,
+    total_minor: i64,
+}
+
+impl From<OrderPlacedV1> for OrderPlaced {
+    fn from(v1: OrderPlacedV1) -> Self {
+        OrderPlaced { order_id: v1.order_id, customer: "unknown".into(), total_minor: v1.total * 100 }
+    }
+}
+
+#[derive(DomainEvent, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[domain_event(name = "order.paid", version = 1, aggregate = "order")]
+#[serde(rename_all = "camelCase")]
+struct OrderPaid {
+    #[aggregate_id]
+    order_id: String,
+    amount_minor: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ShopError {
+    #[error(transparent)]
+    Db(#[from] DbErr),
+    #[error("order {0} rejected")]
+    Rejected(String),
+}
+
+struct Orders;
+
+#[transactional_outbox]
+impl Orders {
+    /// Saves an order and emits `order.placed`; rejects non-positive totals after emitting, so a
+    /// rejection must take the event back.
+    async fn place<C>(&self, db: &C, id: &str, total_minor: i64) -> Result<(), ShopError>
+    where
+        C: ConnectionTrait + TransactionTrait,
+    {
+        let sql = format!("INSERT INTO orders (id, customer, total_minor) VALUES ('{id}', 'c-{id}', {total_minor})");
+        db.execute_unprepared(&sql).await?;
+        emit!(OrderPlaced { order_id: id.to_owned(), customer: format!("c-{id}"), total_minor });
+        if total_minor <= 0 {
+            return Err(ShopError::Rejected(id.to_owned()));
+        }
+        Ok(())
+    }
+
+    async fn pay(&self, db: &DatabaseTransaction, id: &str, amount_minor: i64) -> Result<(), ShopError> {
+        emit!(OrderPaid { order_id: id.to_owned(), amount_minor });
+        Ok(())
+    }
+
+    /// Panics after emitting: nothing may be left behind.
+    async fn place_then_panic(&self, db: &DatabaseConnection, id: &str) -> Result<(), ShopError> {
+        emit!(OrderPlaced { order_id: id.to_owned(), customer: "p".into(), total_minor: 1 });
+        panic!("the process died mid-method");
+    }
+}
+
+/// Two services composed in one transaction; `fail_at_end` makes the outer one fail after both ran.
+#[transactional_outbox]
+async fn checkout(db: &DatabaseConnection, id: &str, fail_at_end: bool) -> Result<(), ShopError> {
+    Orders.place(db, id, 500).await?;
+    Orders.pay(db, id, 500).await?;
+    if fail_at_end {
+        return Err(ShopError::Rejected(id.to_owned()));
+    }
+    Ok(())
+}
+
+/// Tries a rejected order first (its savepoint rolls back), then places a good one.
+#[transactional_outbox]
+async fn retry_with_good_order(db: &DatabaseConnection) -> Result<(), ShopError> {
+    let rejected = Orders.place(db, "bad", 0).await;
+    assert!(matches!(rejected, Err(ShopError::Rejected(_))));
+    Orders.place(db, "good", 700).await
+}
+
+#[idempotent_handler(consumer = "billing")]
+async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<i64, DbErr> {
+    insert_invoice(txn, &event.order_id, event.total_minor).await?;
+    Ok(event.total_minor)
+}
+
+fn types_of(rows: &[outbox_seaorm::entity::outbox_event::Model]) -> Vec<(String, String)> {
+    rows.iter().map(|r| (r.event_type.clone(), r.aggregate_id.clone())).collect()
+}
+
+async fn published(t: &TestDb) -> Vec<OutboxEvent> {
+    let broker = InMemoryPublisher::new();
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), RelayConfig::default()).unwrap();
+    relay.drain(100).await.unwrap_or_else(|e| panic!("{t}: relay: {e}"));
+    broker.received()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_service_call_emits_nothing_and_saves_nothing() {
+    for t in all_backends("mac_rollback").await {
+        create_shop_tables(&t).await;
+        let rejected = Orders.place(&t.db, "o1", 0).await;
+        assert!(matches!(rejected, Err(ShopError::Rejected(_))), "{t}: {rejected:?}");
+        assert_eq!(count_outbox(&t).await, 0, "{t}: the emitted event was rolled back");
+        assert_eq!(count_table(&t, "orders").await, 0, "{t}: the order was rolled back");
+
+        Orders.place(&t.db, "o2", 100).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(types_of(&outbox_rows(&t).await), [("order.placed".into(), "o2".into())], "{t}");
+        assert_eq!(count_table(&t, "orders").await, 1, "{t}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn composed_services_emit_in_order_in_one_transaction() {
+    for t in all_backends("mac_compose").await {
+        create_shop_tables(&t).await;
+        checkout(&t.db, "o1", false).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        let rows = outbox_rows(&t).await;
+        assert_eq!(types_of(&rows), [("order.placed".into(), "o1".into()), ("order.paid".into(), "o1".into())], "{t}");
+        let paid: serde_json::Value = rows[1].payload.clone();
+        assert_eq!(paid, serde_json::json!({"orderId": "o1", "amountMinor": 500}), "{t}: serde renames apply");
+        assert_eq!((rows[0].schema_version, rows[1].schema_version), (2, 1), "{t}");
+
+        let failed = checkout(&t.db, "o2", true).await;
+        assert!(failed.is_err(), "{t}");
+        assert_eq!(count_outbox(&t).await, 2, "{t}: the failed checkout took both inner events back");
+        assert_eq!(count_table(&t, "orders").await, 1, "{t}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_inner_service_rolls_back_only_its_savepoint() {
+    for t in all_backends("mac_savepoint").await {
+        create_shop_tables(&t).await;
+        retry_with_good_order(&t.db).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(types_of(&outbox_rows(&t).await), [("order.placed".into(), "good".into())], "{t}");
+        assert_eq!(count_table(&t, "orders").await, 1, "{t}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_service_leaves_no_half_written_outbox() {
+    for t in all_backends("mac_panic").await {
+        create_shop_tables(&t).await;
+        let db = t.db.clone();
+        let joined = tokio::spawn(async move { Orders.place_then_panic(&db, "o1").await }).await;
+        assert!(joined.is_err_and(|e| e.is_panic()), "{t}");
+        assert_eq!(count_outbox(&t).await, 0, "{t}");
+        // The pool is still usable afterwards.
+        Orders.place(&t.db, "o2", 1).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(count_outbox(&t).await, 1, "{t}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_run_twice_applies_its_effect_once() {
+    for t in all_backends("mac_handler_once").await {
+        create_shop_tables(&t).await;
+        Orders.place(&t.db, "o1", 4900).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        let messages = published(&t).await;
+        assert_eq!(messages.len(), 1, "{t}");
+        let first = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(first, InboxOutcome::Processed(4900), "{t}");
+        let again = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(again, InboxOutcome::Duplicate, "{t}");
+        assert_eq!(count_table(&t, "invoices").await, 1, "{t}");
+        assert_eq!(count_inbox(&t, "billing").await, 1, "{t}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_version_payload_is_upcast_by_the_handler() {
+    for t in all_backends("mac_upcast").await {
+        create_shop_tables(&t).await;
+        let v1 = NewEvent::new("order", "o9", "order.placed", &serde_json::json!({"order_id": "o9", "total": 7}))
+            .unwrap()
+            .with_schema_version(1);
+        outbox_seaorm::enqueue(&t.db, &v1).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        let messages = published(&t).await;
+        let outcome = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(outcome, InboxOutcome::Processed(700), "{t}: v1 total 7 became 700 minor units");
+        assert_eq!(invoice_total(&t).await, 700, "{t}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_types_and_newer_versions_are_errors_that_record_nothing() {
+    for t in all_backends("mac_unknown").await {
+        create_shop_tables(&t).await;
+        let payload = serde_json::json!({"order_id": "o1", "customer": "c", "total_minor": 1});
+        let cancelled = NewEvent::new("order", "o1", "order.cancelled", &payload).unwrap();
+        let from_the_future = NewEvent::new("order", "o1", "order.placed", &payload).unwrap().with_schema_version(3);
+        let malformed = NewEvent::new("order", "o1", "order.placed", &serde_json::json!({"order_id": 5})).unwrap();
+        outbox_seaorm::enqueue_all(&t.db, &[cancelled, from_the_future, malformed]).await.unwrap();
+        let broker = InMemoryPublisher::new();
+        let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), RelayConfig::default()).unwrap();
+        for _ in 0..3 {
+            relay.run_once().await.unwrap();
+        }
+        let messages = broker.received();
+        assert_eq!(messages.len(), 3, "{t}");
+        let errors: Vec<_> = {
+            let mut errors = Vec::new();
+            for m in &messages {
+                errors.push(bill(&t.db, m).await.expect_err("must not be processed"));
+            }
+            errors
+        };
+        assert!(matches!(errors[0], InboxError::Outbox(Error::UnknownEventType { .. })), "{t}: {}", errors[0]);
+        assert!(
+            matches!(errors[1], InboxError::Outbox(Error::UnsupportedVersion { version: 3, .. })),
+            "{t}: {}",
+            errors[1]
+        );
+        assert!(matches!(errors[2], InboxError::Outbox(Error::Deserialize { .. })), "{t}: {}", errors[2]);
+        assert_eq!(count_inbox(&t, "billing").await, 0, "{t}: nothing recorded");
+        assert_eq!(count_table(&t, "invoices").await, 0, "{t}");
+    }
+}
+
+/// The event schemas of this crate are locked in `tests/events.lock` (bless new ones with
+/// `OUTBOX_BLESS=1 cargo test`); the derive checks the same file at compile time.
+#[test]
+fn events_lock_matches_the_event_types() {
+    let lock = concat!(env!("CARGO_MANIFEST_DIR"), "/events.lock");
+    outbox_seaorm::verify_events_lock(lock, &[OrderPlaced::SCHEMA, OrderPaid::SCHEMA]).unwrap();
+}
