@@ -44,7 +44,7 @@ pub enum Error {
         event_id: String,
         /// The event type.
         event_type: String,
-            /// The deserializer's error.
+        /// The deserializer's error.
         #[source]
         source: serde_json::Error,
     },
@@ -59,7 +59,9 @@ pub enum Error {
         expected: &'static str,
     },
     /// A message carries a schema version this code cannot decode.
-    #[error("event {event_id} (`{event_type}`) has schema version {version}; this code decodes versions {oldest} to {newest}")]
+    #[error(
+        "event {event_id} (`{event_type}`) has schema version {version}; this code decodes versions {oldest} to {newest}"
+    )]
     UnsupportedVersion {
         /// The event id.
         event_id: String,

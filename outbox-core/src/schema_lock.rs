@@ -53,8 +53,9 @@ impl LockFile {
                 current = Some(key);
                 continue;
             }
-            let (field, ty) =
-                line.split_once('=').ok_or_else(|| format!("line {lineno}: expected `field = Type`, found `{line}`"))?;
+            let (field, ty) = line
+                .split_once('=')
+                .ok_or_else(|| format!("line {lineno}: expected `field = Type`, found `{line}`"))?;
             let key = current.as_ref().ok_or_else(|| format!("line {lineno}: field before any `[event vN]` header"))?;
             if let Some(fields) = lock.entries.get_mut(key) {
                 fields.push((field.trim().to_owned(), ty.trim().to_owned()));
@@ -104,9 +105,9 @@ impl SchemaChange {
     /// The field concerned.
     pub fn field(&self) -> &str {
         match self {
-            SchemaChange::TypeChanged { field, .. } | SchemaChange::Added { field } | SchemaChange::Removed { field } => {
-                field
-            }
+            SchemaChange::TypeChanged { field, .. }
+            | SchemaChange::Added { field }
+            | SchemaChange::Removed { field } => field,
         }
     }
 }
@@ -118,7 +119,9 @@ impl std::fmt::Display for SchemaChange {
                 write!(f, "field `{field}` is `{now}` but events.lock has `{locked}`")
             }
             SchemaChange::Added { field } => write!(f, "field `{field}` is not in events.lock"),
-            SchemaChange::Removed { field } => write!(f, "field `{field}` is in events.lock but no longer in the struct"),
+            SchemaChange::Removed { field } => {
+                write!(f, "field `{field}` is in events.lock but no longer in the struct")
+            }
         }
     }
 }
@@ -129,7 +132,11 @@ pub fn compare(locked: &[(String, String)], now: &[(String, String)]) -> Option<
         match locked.iter().find(|(f, _)| f == field) {
             None => return Some(SchemaChange::Added { field: field.clone() }),
             Some((_, locked_ty)) if locked_ty != ty => {
-                return Some(SchemaChange::TypeChanged { field: field.clone(), locked: locked_ty.clone(), now: ty.clone() });
+                return Some(SchemaChange::TypeChanged {
+                    field: field.clone(),
+                    locked: locked_ty.clone(),
+                    now: ty.clone(),
+                });
             }
             Some(_) => {}
         }

@@ -145,11 +145,10 @@ fn parse_container(attr: &syn::Attribute, event: &mut Event<'_>, errors: &mut Er
                 event.upcast_span = Some(meta.path.span());
                 meta.parse_nested_meta(|inner| {
                     let key = inner.path.require_ident()?.clone();
-                    let version = key
-                        .to_string()
-                        .strip_prefix('v')
-                        .and_then(|n| n.parse::<u32>().ok())
-                        .ok_or_else(|| syn::Error::new(key.span(), "expected a version key like `v1 = OrderPlacedV1`"))?;
+                    let version =
+                        key.to_string().strip_prefix('v').and_then(|n| n.parse::<u32>().ok()).ok_or_else(|| {
+                            syn::Error::new(key.span(), "expected a version key like `v1 = OrderPlacedV1`")
+                        })?;
                     let ty: Type = inner.value()?.parse()?;
                     event.upcasts.push(Upcast { version, key, ty });
                     Ok(())
@@ -184,11 +183,9 @@ fn apply_rename_all(field: &str, rule: Option<&str>) -> String {
         Some("lowercase") => field.to_lowercase(),
         Some("UPPERCASE") => field.to_uppercase(),
         Some("PascalCase") => words.iter().map(|w| capitalize(w)).collect(),
-        Some("camelCase") => words
-            .iter()
-            .enumerate()
-            .map(|(i, w)| if i == 0 { (*w).to_owned() } else { capitalize(w) })
-            .collect(),
+        Some("camelCase") => {
+            words.iter().enumerate().map(|(i, w)| if i == 0 { (*w).to_owned() } else { capitalize(w) }).collect()
+        }
         Some("SCREAMING_SNAKE_CASE") => field.to_uppercase(),
         Some("kebab-case") => words.join("-"),
         Some("SCREAMING-KEBAB-CASE") => words.join("-").to_uppercase(),

@@ -51,7 +51,9 @@ pub fn expand(event: &Event<'_>) -> TokenStream {
     // Rebuild when the lock file changes.
     let track = find_lock_file().map(|path| {
         let path = path.display().to_string();
-        quote!(const _: &[u8] = ::std::include_bytes!(#path);)
+        quote!(
+            const _: &[u8] = ::std::include_bytes!(#path);
+        )
     });
 
     quote! {

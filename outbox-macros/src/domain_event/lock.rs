@@ -44,7 +44,8 @@ pub fn check(event: &Event<'_>) -> syn::Result<()> {
     let Some(path) = find_lock_file() else { return Ok(()) };
     let text = std::fs::read_to_string(&path)
         .map_err(|e| syn::Error::new(event.attr_span, format!("cannot read {}: {e}", path.display())))?;
-    let lock = LockFile::parse(&text).map_err(|e| syn::Error::new(event.attr_span, format!("{}: {e}", path.display())))?;
+    let lock =
+        LockFile::parse(&text).map_err(|e| syn::Error::new(event.attr_span, format!("{}: {e}", path.display())))?;
     let version: i32 = version.base10_parse()?;
     let Some(locked) = lock.entries.get(&(name.value(), version)) else { return Ok(()) };
     let now: Vec<(String, String)> =

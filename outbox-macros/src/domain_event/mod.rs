@@ -11,10 +11,14 @@ pub fn derive(input: TokenStream) -> TokenStream {
     let result = syn::parse2::<syn::DeriveInput>(input).and_then(|input| {
         let event = ast::Event::from_syn(&input)?;
         valid::check(&event)?;
-        lock::check(&event)?;
-        Ok(expand::expand(&event))
+        let mut tokens = expand::expand(&event);
+        // A schema that drifted from events.lock is still a well-formed event: keep the impl so the only
+        // error is the one naming the changed field.
+        if let Err(drift) = lock::check(&event) {
+            tokens.extend(drift.into_compile_error());
+        }
+        Ok(tokens)
     });
-    // A derive cannot re-emit the struct; emit the errors alone (no impl, so no follow-on errors at use
-    // sites beyond "does not implement DomainEvent").
+    // On a malformed input there is no impl to emit; the errors alone point at what to fix.
     result.unwrap_or_else(syn::Error::into_compile_error)
 }

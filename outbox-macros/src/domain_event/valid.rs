@@ -7,7 +7,9 @@ pub fn check(event: &Event<'_>) -> syn::Result<()> {
     let mut errors = Errors::default();
     let attr = event.attr_span;
     match &event.name {
-        None => errors.push(syn::Error::new(attr, "missing `name = \"...\"`: the stable event name, e.g. `order.placed`")),
+        None => {
+            errors.push(syn::Error::new(attr, "missing `name = \"...\"`: the stable event name, e.g. `order.placed`"))
+        }
         Some(name) => {
             let value = name.value();
             let valid = !value.is_empty()
