@@ -127,11 +127,17 @@ fn rewrite(sig: &Signature, block: &Block) -> syn::Result<Block> {
     emits.visit_block_mut(&mut body);
     let stmts = &body.stmts;
     let conn = &conn.ident;
-    // Both calls that need `E: From<DbErr>` are spanned at the user's error type, so a missing
-    // conversion is reported once, there.
-    let err_span = error_type(&sig.output).map_or_else(Span::call_site, Spanned::span);
-    let err = error_type(&sig.output).map_or_else(|| quote!(_), |e| quote!(#e));
-    let begin = quote_spanned!(err_span=> ::outbox_seaorm::__private::begin::<#err, _>(#conn).await?);
+    // Both places that need `E: From<DbErr>` are spanned at the user's error type (or the whole return
+    // type when it is an alias such as `Result<T>`), so a missing conversion is reported once, there.
+    let err_span = error_type(&sig.output).map_or_else(|| ret_ty.span(), Spanned::span);
+    let begin = quote_spanned! {err_span=>
+        match ::outbox_seaorm::__private::begin(#conn).await {
+            ::std::result::Result::Ok(txn) => txn,
+            ::std::result::Result::Err(error) => {
+                return ::std::result::Result::Err(::outbox_seaorm::__private::AbsorbsDbErr::absorb(error));
+            }
+        }
+    };
     let finish = quote_spanned!(err_span=> ::outbox_seaorm::__private::finish(__outbox_txn, __outbox_result).await);
     let tokens = quote! {
         {

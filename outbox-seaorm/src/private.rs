@@ -30,8 +30,8 @@ impl<E: From<DbErr>> AbsorbsDbErr for E {
 pub fn assert_domain_event<E: DomainEvent>() {}
 
 /// Begins a transaction, or a savepoint when `db` already is one.
-pub async fn begin<E: AbsorbsDbErr, C: TransactionTrait>(db: &C) -> Result<C::Transaction, E> {
-    db.begin().await.map_err(E::absorb)
+pub async fn begin<C: TransactionTrait>(db: &C) -> Result<C::Transaction, DbErr> {
+    db.begin().await
 }
 
 /// Writes one emitted event into the active transaction, in emit order.

@@ -1,9 +1,9 @@
 //! The lab's toy application: an `orders` table on the producer side, an `invoices` table and a billing
 //! consumer on the other, on whichever database the lab opened.
 
-use outbox_seaorm::{EventId, InboxOutcome, NewEvent, OutboxEvent};
+use outbox_seaorm::prelude::*;
 use sea_orm::sea_query::{Alias, ColumnDef, InsertStatement, Query, Table};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, Statement, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, Statement};
 use serde::{Deserialize, Serialize};
 
 /// Any error the lab meets.
@@ -11,11 +11,8 @@ pub type BoxError = outbox_seaorm::BoxError;
 /// The lab's result type.
 pub type Result<T, E = BoxError> = std::result::Result<T, E>;
 
-/// The name billing records in the inbox.
-pub const BILLING: &str = "billing";
-
-/// An order, and the payload of its `OrderPlaced` event.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// An order (a row of `orders`).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Order {
     /// The primary key.
     pub order_id: String,
@@ -31,9 +28,9 @@ impl Order {
         Order { order_id: order_id.into(), customer: customer.into(), total_minor }
     }
 
-    /// Its `OrderPlaced` event.
-    pub fn placed(&self) -> Result<NewEvent> {
-        Ok(NewEvent::new("order", &self.order_id, "OrderPlaced", self)?)
+    /// Its `order.placed` event.
+    pub fn placed(&self) -> OrderPlaced {
+        OrderPlaced { order_id: self.order_id.clone(), customer: self.customer.clone(), total_minor: self.total_minor }
     }
 
     /// `INSERT INTO orders …` for this order.
@@ -45,6 +42,48 @@ impl Order {
             .values([self.order_id.clone().into(), self.customer.clone().into(), self.total_minor.into()])?;
         Ok(insert)
     }
+}
+
+/// An order was placed: the snapshot billing needs.
+#[derive(DomainEvent, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[domain_event(name = "order.placed", version = 1, aggregate = "order")]
+pub struct OrderPlaced {
+    /// The order.
+    #[aggregate_id]
+    pub order_id: String,
+    /// Who ordered.
+    pub customer: String,
+    /// The total in minor units (cents).
+    pub total_minor: i32,
+}
+
+/// An order was paid.
+#[derive(DomainEvent, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[domain_event(name = "order.paid", version = 1, aggregate = "order")]
+pub struct OrderPaid {
+    /// The order.
+    #[aggregate_id]
+    pub order_id: String,
+}
+
+/// An order was shipped.
+#[derive(DomainEvent, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[domain_event(name = "order.shipped", version = 1, aggregate = "order")]
+pub struct OrderShipped {
+    /// The order.
+    #[aggregate_id]
+    pub order_id: String,
+}
+
+/// An order changed (scenario ⑥'s steady stream).
+#[derive(DomainEvent, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[domain_event(name = "order.updated", version = 1, aggregate = "order")]
+pub struct OrderUpdated {
+    /// The order.
+    #[aggregate_id]
+    pub order_id: String,
+    /// Which update this is, from 1.
+    pub step: u32,
 }
 
 /// Creates `orders` and `invoices` if they are missing. `invoices.order_id` has no unique constraint on
@@ -87,49 +126,52 @@ pub async fn count<C: ConnectionTrait>(db: &C, from_where: &str) -> Result<i64> 
     Ok(row.try_get::<i64>("", "n")?)
 }
 
-/// Runs `work` in a transaction: COMMIT when it succeeds, ROLLBACK when it fails (as the seed's
-/// `withTransaction`; a process that really dies gets the same ROLLBACK from the database).
-pub async fn with_transaction<T>(
-    db: &DatabaseConnection,
-    work: impl AsyncFnOnce(&DatabaseTransaction) -> Result<T>,
-) -> Result<T> {
-    let txn = db.begin().await?;
-    match work(&txn).await {
-        Ok(value) => {
-            txn.commit().await?;
-            Ok(value)
-        }
-        Err(error) => {
-            txn.rollback().await?;
-            Err(error)
-        }
+/// The outbox way: the order and its `order.placed` event commit together, or not at all.
+#[transactional_outbox]
+pub async fn place_order(db: &DatabaseConnection, order: &Order) -> Result<()> {
+    db.execute(&order.insert()?).await?;
+    emit!(order.placed());
+    Ok(())
+}
+
+/// As [`place_order`], but the process dies before COMMIT.
+#[transactional_outbox]
+pub async fn place_order_then_crash(db: &DatabaseConnection, order: &Order) -> Result<()> {
+    db.execute(&order.insert()?).await?;
+    emit!(order.placed());
+    super::crash()
+}
+
+/// Places an order that is paid and shipped at once: three events of one aggregate, in this order.
+#[transactional_outbox]
+pub async fn place_pay_ship(db: &DatabaseConnection, order: &Order) -> Result<()> {
+    db.execute(&order.insert()?).await?;
+    emit!(order.placed());
+    emit!(OrderPaid { order_id: order.order_id.clone() });
+    emit!(OrderShipped { order_id: order.order_id.clone() });
+    Ok(())
+}
+
+/// Update number `step` of orders `c01` … `c{orders}`, in one transaction.
+#[transactional_outbox]
+pub async fn update_orders(db: &DatabaseConnection, orders: usize, step: u32) -> Result<()> {
+    for o in 1..=orders {
+        emit!(OrderUpdated { order_id: format!("c{o:02}"), step });
     }
+    Ok(())
 }
 
-/// The outbox way: the order and its `OrderPlaced` event commit together, or not at all.
-pub async fn place_order(db: &DatabaseConnection, order: &Order) -> Result<EventId> {
-    with_transaction(db, async |txn| {
-        txn.execute(&order.insert()?).await?;
-        Ok(outbox_seaorm::enqueue(txn, &order.placed()?).await?)
-    })
-    .await
-}
-
-/// The billing consumer: one invoice per `OrderPlaced` message, at most once per event id. The invoice
+/// The billing consumer: one invoice per `order.placed` message, at most once per event id. The invoice
 /// and the inbox row commit in one transaction.
-pub async fn bill(db: &DatabaseConnection, message: &OutboxEvent) -> Result<InboxOutcome<()>> {
-    let order: Order = message.decode()?;
+#[idempotent_handler(consumer = "billing")]
+pub async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
     let mut invoice = Query::insert();
     invoice
         .into_table(Alias::new("invoices"))
         .columns([Alias::new("order_id"), Alias::new("total_minor")])
-        .values([order.order_id.into(), order.total_minor.into()])?;
-    let outcome =
-        outbox_seaorm::handle_once(db, BILLING, &message.id.to_string(), async |txn: &DatabaseTransaction| {
-            txn.execute(&invoice).await.map(drop)
-        })
-        .await?;
-    Ok(outcome)
+        .values([event.order_id.into(), event.total_minor.into()])
+        .map_err(|e| DbErr::Custom(e.to_string()))?;
+    txn.execute(&invoice).await.map(drop)
 }
 
 /// How many invoices there are, their total, and how many distinct orders they bill.

@@ -31,7 +31,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, SqlErr};
 use serde::Serialize;
 use tracing_subscriber::EnvFilter;
 
-use app::{BoxError, Order, Result, count, place_order, with_transaction};
+use app::{BoxError, Order, Result, count, place_order};
 
 /// The relay in this lab: SeaORM store, in-memory broker.
 type LabRelay = Relay<SeaOrmStore, InMemoryPublisher>;
@@ -108,16 +108,16 @@ fn crash() -> Result<()> {
     Err("the process crashed".into())
 }
 
-/// The naive way: send `OrderPlaced` straight to the broker, with no outbox row behind it.
+/// The naive way: send `order.placed` straight to the broker, with no outbox row behind it.
 async fn publish_directly(broker: &InMemoryPublisher, order: &Order) -> Result<()> {
     let message = OutboxEvent {
         seq: 0,
         id: EventId::new(),
         aggregate_type: "order".to_owned(),
         aggregate_id: order.order_id.clone(),
-        event_type: "OrderPlaced".to_owned(),
+        event_type: "order.placed".to_owned(),
         schema_version: 1,
-        payload: serde_json::to_string(order)?,
+        payload: serde_json::to_string(&order.placed())?,
         headers: Headers::new(),
         created_at: Utc::now(),
         attempts: 0,
@@ -197,13 +197,7 @@ async fn outbox_in_one_transaction(lab: &Lab, checks: &mut Checks) -> Result<()>
     app::reset(&lab.db).await?;
     let broker = InMemoryPublisher::new();
     let relay = lab.relay(&broker)?;
-    let karim = Order::new("o0", "karim", 900);
-    let attempt = with_transaction(&lab.db, async |txn| {
-        txn.execute(&karim.insert()?).await?;
-        outbox_seaorm::enqueue(txn, &karim.placed()?).await?;
-        crash()
-    })
-    .await;
+    let attempt = app::place_order_then_crash(&lab.db, &Order::new("o0", "karim", 900)).await;
     if let Err(error) = &attempt {
         println!("   crash before COMMIT: {error}");
     }
@@ -225,7 +219,7 @@ async fn outbox_in_one_transaction(lab: &Lab, checks: &mut Checks) -> Result<()>
     println!("   one relay pass: {} ← the broker: {}", json(&pass), got.join(" "));
     let after = relay.store().stats(Utc::now()).await?;
     checks.check("the pass published the one event", pass.claimed == 1 && pass.published == 1 && pass.failed == 0);
-    checks.check("the broker has o1:OrderPlaced", got == ["o1:OrderPlaced"]);
+    checks.check("the broker has o1:order.placed", got == ["o1:order.placed"]);
     checks.check("nothing is pending after the pass", after.pending == 0);
     Ok(())
 }
@@ -289,19 +283,7 @@ async fn order_within_an_aggregate(lab: &Lab, checks: &mut Checks) -> Result<()>
     app::reset(&lab.db).await?;
     let broker = InMemoryPublisher::new();
     let relay = lab.relay(&broker)?;
-    let o7 = Order::new("o7", "nour", 1500);
-    with_transaction(&lab.db, async |txn| {
-        txn.execute(&o7.insert()?).await?;
-        let status = serde_json::json!({ "order_id": "o7" });
-        let events = [
-            o7.placed()?,
-            outbox_seaorm::NewEvent::new("order", "o7", "OrderPaid", &status)?,
-            outbox_seaorm::NewEvent::new("order", "o7", "OrderShipped", &status)?,
-        ];
-        outbox_seaorm::enqueue_all(txn, &events).await?;
-        Ok(())
-    })
-    .await?;
+    app::place_pay_ship(&lab.db, &Order::new("o7", "nour", 1500)).await?;
     place_order(&lab.db, &Order::new("o8", "omar", 800)).await?;
     broker.fail_aggregate("o7", 1);
 
@@ -317,15 +299,15 @@ async fn order_within_an_aggregate(lab: &Lab, checks: &mut Checks) -> Result<()>
         first.claimed == 2 && first.published == 1 && first.failed == 1,
     );
     checks.check("o7's three events were still pending", waiting == 3);
-    checks.check("only o8 reached the broker", labels(&broker) == ["o8:OrderPlaced"]);
+    checks.check("only o8 reached the broker", labels(&broker) == ["o8:order.placed"]);
 
     let passes = drain(&relay, &mut clock).await?;
     let got = labels(&broker);
     println!("   the broker after {} more passes: {}", passes.len(), got.join("  "));
     let o7_seqs: Vec<i64> = broker.received().iter().filter(|m| m.aggregate_id == "o7").map(|m| m.seq).collect();
     checks.check(
-        "the broker got o8:OrderPlaced o7:OrderPlaced o7:OrderPaid o7:OrderShipped",
-        got == ["o8:OrderPlaced", "o7:OrderPlaced", "o7:OrderPaid", "o7:OrderShipped"],
+        "the broker got o8:order.placed o7:order.placed o7:order.paid o7:order.shipped",
+        got == ["o8:order.placed", "o7:order.placed", "o7:order.paid", "o7:order.shipped"],
     );
     checks.check("o7's events arrived in the order they were written", o7_seqs.is_sorted() && o7_seqs.len() == 3);
     Ok(())
@@ -360,17 +342,7 @@ async fn two_relays_at_once(lab: &Lab, checks: &mut Checks) -> Result<()> {
     );
     app::reset(&lab.db).await?;
     for step in 1..=STEPS {
-        with_transaction(&lab.db, async |txn| {
-            let events = (1..=ORDERS)
-                .map(|o| {
-                    let payload = serde_json::json!({ "step": step });
-                    outbox_seaorm::NewEvent::new("order", format!("c{o:02}"), "OrderUpdated", &payload)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            outbox_seaorm::enqueue_all(txn, &events).await?;
-            Ok(())
-        })
-        .await?;
+        app::update_orders(&lab.db, ORDERS, step).await?;
     }
     let broker = InMemoryPublisher::new();
     broker.set_delay(Duration::from_millis(3));
