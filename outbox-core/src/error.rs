@@ -74,6 +74,17 @@ pub enum Error {
         /// The current version.
         newest: i32,
     },
+    /// A broker client failed (connect, declare, publish, consume).
+    #[error("{broker} failed to {operation}: {source}")]
+    Broker {
+        /// The broker, e.g. `NATS JetStream`.
+        broker: &'static str,
+        /// What the adapter was doing, e.g. `connect to nats://127.0.0.1:4222`.
+        operation: String,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
     /// The store (database) failed.
     #[error("outbox store failed to {operation} on `{table}` ({backend}): {source}")]
     Store {
@@ -93,6 +104,15 @@ impl Error {
     /// Shorthand for [`Error::InvalidConfig`].
     pub fn invalid_config(field: &'static str, reason: impl Into<Cow<'static, str>>) -> Self {
         Error::InvalidConfig { field, reason: reason.into() }
+    }
+
+    /// Shorthand for [`Error::Broker`].
+    pub fn broker(
+        broker: &'static str,
+        operation: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Broker { broker, operation: operation.into(), source: source.into() }
     }
 
     /// Shorthand for [`Error::InvalidEvent`].

@@ -18,6 +18,8 @@
 //! an earlier event of its aggregate is unpublished, with one relay or many. A dead event blocks its
 //! aggregate unless [`DeadLetterPolicy::SkipDead`] is chosen.
 
+pub mod broker;
+pub mod brokers;
 mod config;
 mod envelope;
 mod error;
@@ -29,6 +31,7 @@ mod relay;
 pub mod schema_lock;
 mod store;
 
+pub use broker::{Destination, Disposition, MessageHandler};
 pub use config::{Backoff, ClaimMode, DeadLetterPolicy, RelayConfig};
 pub use envelope::{
     DEFAULT_MAX_PAYLOAD_BYTES, EventId, Headers, MAX_AGGREGATE_ID_LEN, MAX_AGGREGATE_TYPE_LEN, MAX_EVENT_TYPE_LEN,

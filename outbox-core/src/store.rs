@@ -65,7 +65,8 @@ pub trait ClaimedBatch: Send {
     /// The claimed rows in sequence order; at most one per aggregate.
     fn events(&self) -> &[OutboxEvent];
 
-    /// Records the outcome with one statement per kind of outcome, and releases the claim.
+    /// Records the outcome with set-based statements (one per kind of outcome, split only for very large
+    /// batches; never one per row), and releases the claim.
     fn complete(self, outcome: BatchOutcome) -> impl Future<Output = Result<MarkReport>> + Send;
 }
 

@@ -48,7 +48,7 @@ pub mod __private;
 
 pub use connect::{SUPPORTED_SCHEMES, connect};
 pub use enqueue::{enqueue, enqueue_all};
-pub use error::InboxError;
+pub use error::{InboxError, disposition};
 pub use inbox::handle_once;
 pub use migration::{Migrator, migrate, migrations};
 pub use store::{SeaOrmBatch, SeaOrmStore};

@@ -9,6 +9,8 @@
 //! A server that does not answer is skipped with a printed reason, except under `CI=true`, where the test
 //! fails.
 
+pub mod proxy;
+
 use std::fmt;
 
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend};

@@ -1,0 +1,259 @@
+//! What every broker adapter shares: where an event goes ([`Destination`]), the headers that carry its
+//! envelope ([`envelope_headers`], [`decode_message`]), and the consumer contract ([`MessageHandler`]:
+//! decode → inbox dedup → effect → commit, then the adapter acks).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+
+use crate::envelope::{EventId, Headers, OutboxEvent};
+use crate::error::{Error, Result};
+
+/// Header names of the envelope, CloudEvents attribute names (binary content mode) where one fits.
+pub mod header {
+    /// The event id: the broker's dedup id and the consumer's inbox key.
+    pub const ID: &str = "ce_id";
+    /// The event name.
+    pub const TYPE: &str = "ce_type";
+    /// The aggregate id.
+    pub const SUBJECT: &str = "ce_subject";
+    /// When the event was enqueued, RFC 3339.
+    pub const TIME: &str = "ce_time";
+    /// Always `1.0`.
+    pub const SPECVERSION: &str = "ce_specversion";
+    /// The payload's content type, `application/json`.
+    pub const CONTENT_TYPE: &str = "content-type";
+    /// The aggregate type.
+    pub const AGGREGATE_TYPE: &str = "outbox_aggregate_type";
+    /// The payload schema version.
+    pub const SCHEMA_VERSION: &str = "outbox_schema_version";
+    /// The outbox sequence number (diagnostics; consumers order by arrival within an aggregate).
+    pub const SEQ: &str = "outbox_seq";
+}
+
+/// The envelope of `event` as broker headers, followed by its own headers (`traceparent`, user metadata).
+pub fn envelope_headers(event: &OutboxEvent) -> Vec<(String, String)> {
+    let mut headers = vec![
+        (header::SPECVERSION.to_owned(), "1.0".to_owned()),
+        (header::ID.to_owned(), event.id.to_string()),
+        (header::TYPE.to_owned(), event.event_type.clone()),
+        (header::SUBJECT.to_owned(), event.aggregate_id.clone()),
+        (header::TIME.to_owned(), event.created_at.to_rfc3339()),
+        (header::CONTENT_TYPE.to_owned(), "application/json".to_owned()),
+        (header::AGGREGATE_TYPE.to_owned(), event.aggregate_type.clone()),
+        (header::SCHEMA_VERSION.to_owned(), event.schema_version.to_string()),
+        (header::SEQ.to_owned(), event.seq.to_string()),
+    ];
+    headers.extend(event.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+    headers
+}
+
+const ENVELOPE: [&str; 9] = [
+    header::SPECVERSION,
+    header::ID,
+    header::TYPE,
+    header::SUBJECT,
+    header::TIME,
+    header::CONTENT_TYPE,
+    header::AGGREGATE_TYPE,
+    header::SCHEMA_VERSION,
+    header::SEQ,
+];
+
+/// Rebuilds an [`OutboxEvent`] from received headers and payload bytes. A message without a valid
+/// envelope is an [`Error::InvalidEvent`]: the consumer parks it instead of acking it in a loop.
+pub fn decode_message(headers: &BTreeMap<String, String>, payload: &[u8]) -> Result<OutboxEvent> {
+    let get = |name: &'static str| {
+        headers
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::invalid_event("headers", format!("the message has no `{name}` header")))
+    };
+    let id: EventId = get(header::ID)?.parse()?;
+    let schema_version = get(header::SCHEMA_VERSION)?
+        .parse::<i32>()
+        .map_err(|e| Error::invalid_event("headers", format!("`{}` is not a number: {e}", header::SCHEMA_VERSION)))?;
+    let created_at = headers
+        .get(header::TIME)
+        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+        .map_or_else(Utc::now, |t| t.with_timezone(&Utc));
+    let payload = std::str::from_utf8(payload)
+        .map_err(|e| Error::invalid_event("payload", format!("is not UTF-8 JSON: {e}")))?
+        .to_owned();
+    let user: Headers =
+        headers.iter().filter(|(k, _)| !ENVELOPE.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+    Ok(OutboxEvent {
+        seq: headers.get(header::SEQ).and_then(|s| s.parse().ok()).unwrap_or(0),
+        id,
+        aggregate_type: get(header::AGGREGATE_TYPE)?,
+        aggregate_id: get(header::SUBJECT)?,
+        event_type: get(header::TYPE)?,
+        schema_version,
+        payload,
+        headers: user,
+        created_at,
+        attempts: 0,
+        last_error: None,
+    })
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Part {
+    Literal(String),
+    AggregateType,
+    AggregateId,
+    EventType,
+    Version,
+}
+
+/// Where an event goes: a template such as `"{aggregate_type}.{event_type}"` over `{aggregate_type}`,
+/// `{aggregate_id}`, `{event_type}` and `{version}`, checked when parsed; each adapter then checks the
+/// rendered name against its broker's rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Destination {
+    template: String,
+    parts: Vec<Part>,
+}
+
+impl Destination {
+    /// Parses `template`; an unknown or unclosed placeholder is an [`Error::InvalidConfig`].
+    pub fn parse(template: &str) -> Result<Self> {
+        let mut parts = Vec::new();
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push(Part::Literal(rest[..open].to_owned()));
+            }
+            let after = &rest[open + 1..];
+            let close = after.find('}').ok_or_else(|| {
+                Error::invalid_config("destination", format!("template {template:?} has an unclosed `{{`"))
+            })?;
+            parts.push(match &after[..close] {
+                "aggregate_type" => Part::AggregateType,
+                "aggregate_id" => Part::AggregateId,
+                "event_type" => Part::EventType,
+                "version" => Part::Version,
+                other => {
+                    return Err(Error::invalid_config(
+                        "destination",
+                        format!(
+                            "template {template:?} has unknown placeholder `{{{other}}}`; expected one of {{aggregate_type}}, {{aggregate_id}}, {{event_type}}, {{version}}"
+                        ),
+                    ));
+                }
+            });
+            rest = &after[close + 1..];
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Literal(rest.to_owned()));
+        }
+        if parts.is_empty() {
+            return Err(Error::invalid_config("destination", "template is empty"));
+        }
+        Ok(Destination { template: template.to_owned(), parts })
+    }
+
+    /// A fixed destination (one topic, queue or stream for every event).
+    pub fn fixed(name: &str) -> Result<Self> {
+        if name.is_empty() {
+            return Err(Error::invalid_config("destination", "is empty"));
+        }
+        Ok(Destination { template: name.to_owned(), parts: vec![Part::Literal(name.to_owned())] })
+    }
+
+    /// The template as written.
+    pub fn template(&self) -> &str {
+        &self.template
+    }
+
+    /// The destination of `event`.
+    pub fn render(&self, event: &OutboxEvent) -> String {
+        let mut out = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Literal(s) => out.push_str(s),
+                Part::AggregateType => out.push_str(&event.aggregate_type),
+                Part::AggregateId => out.push_str(&event.aggregate_id),
+                Part::EventType => out.push_str(&event.event_type),
+                Part::Version => out.push_str(&event.schema_version.to_string()),
+            }
+        }
+        out
+    }
+}
+
+/// What a consumer adapter does with a message after the handler ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disposition {
+    /// Processed or a duplicate: acknowledge it.
+    Ack,
+    /// The handler failed (its transaction rolled back): deliver it again later.
+    Retry,
+    /// It can never be processed (no envelope, unknown type or version, undecodable payload): set it
+    /// aside (dead-letter, or ack after logging) instead of redelivering it forever.
+    Park,
+}
+
+/// A consumer's handler: gets each received message, returns what to do with it. Implemented for async
+/// closures `Fn(OutboxEvent) -> impl Future<Output = Disposition>`; with `outbox-seaorm`, wrap an
+/// `#[idempotent_handler]` and map its result with `outbox_seaorm::disposition`.
+pub trait MessageHandler: Send + Sync + 'static {
+    /// Handles one message.
+    fn handle(&self, message: OutboxEvent) -> impl Future<Output = Disposition> + Send;
+}
+
+impl<F, Fut> MessageHandler for F
+where
+    F: Fn(OutboxEvent) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Disposition> + Send,
+{
+    fn handle(&self, message: OutboxEvent) -> impl Future<Output = Disposition> + Send {
+        self(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> OutboxEvent {
+        OutboxEvent {
+            seq: 7,
+            id: EventId::new(),
+            aggregate_type: "order".into(),
+            aggregate_id: "o-1".into(),
+            event_type: "order.placed".into(),
+            schema_version: 2,
+            payload: r#"{"total":5}"#.into(),
+            headers: [("traceparent".to_owned(), "00-abc-def-01".to_owned())].into(),
+            created_at: DateTime::from_timestamp_millis(1_700_000_000_123).unwrap_or_default(),
+            attempts: 3,
+            last_error: None,
+        }
+    }
+
+    #[test]
+    fn envelope_headers_round_trip_through_decode() {
+        let event = sample();
+        let headers: BTreeMap<_, _> = envelope_headers(&event).into_iter().collect();
+        let decoded = decode_message(&headers, event.payload.as_bytes()).unwrap();
+        assert_eq!(decoded, OutboxEvent { attempts: 0, ..event });
+    }
+
+    #[test]
+    fn a_message_without_an_envelope_is_rejected_by_name() {
+        let err = decode_message(&BTreeMap::new(), b"{}").unwrap_err();
+        assert!(err.to_string().contains("`ce_id`"), "{err}");
+    }
+
+    #[test]
+    fn destination_templates_render_and_reject_unknown_placeholders() {
+        let d = Destination::parse("events.{aggregate_type}.{event_type}.v{version}").unwrap();
+        assert_eq!(d.render(&sample()), "events.order.order.placed.v2");
+        let err = Destination::parse("events.{aggregate}").unwrap_err();
+        assert!(err.to_string().contains("unknown placeholder `{aggregate}`"), "{err}");
+        assert!(Destination::parse("events.{event_type").is_err());
+        assert!(Destination::parse("").is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! kafka adapter: see the module docs of `brokers`.

@@ -1,0 +1,1 @@
+//! nats adapter: see the module docs of `brokers`.

@@ -1,0 +1,1 @@
+//! rabbitmq adapter: see the module docs of `brokers`.

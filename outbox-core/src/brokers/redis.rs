@@ -1,0 +1,1 @@
+//! redis adapter: see the module docs of `brokers`.
