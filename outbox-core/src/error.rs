@@ -107,11 +107,7 @@ impl Error {
     }
 
     /// Shorthand for [`Error::Broker`].
-    pub fn broker(
-        broker: &'static str,
-        operation: impl Into<String>,
-        source: impl Into<BoxError>,
-    ) -> Self {
+    pub fn broker(broker: &'static str, operation: impl Into<String>, source: impl Into<BoxError>) -> Self {
         Error::Broker { broker, operation: operation.into(), source: source.into() }
     }
 

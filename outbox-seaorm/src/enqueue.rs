@@ -1,7 +1,7 @@
 //! Writing events: `enqueue` joins whatever transaction the caller holds.
 
 use chrono::Utc;
-use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query, SimpleExpr};
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, InsertStatement, Query, SimpleExpr};
 use sea_orm::{ConnectionTrait, DbBackend};
 
 use outbox_core::{EventId, NewEvent};
@@ -19,13 +19,29 @@ pub async fn enqueue<C: ConnectionTrait>(conn: &C, event: &NewEvent) -> Result<E
     Ok(event.id())
 }
 
-/// Inserts `events`, in order, with one multi-row `INSERT`.
+/// Most rows per `INSERT`: each row binds 10 values, and every backend caps the values one statement may
+/// bind (SQLite 32766, PostgreSQL and MySQL 65535), so a large `events` slice is split.
+const ROWS_PER_INSERT: usize = 1000;
+
+/// Inserts `events`, in order, with one multi-row `INSERT` per 1000 events.
+///
+/// More than 1000 events take several statements, in order; pass a transaction to make them all-or-nothing.
 pub async fn enqueue_all<C: ConnectionTrait>(conn: &C, events: &[NewEvent]) -> Result<Vec<EventId>> {
-    if events.is_empty() {
-        return Ok(Vec::new());
-    }
     let backend = conn.get_database_backend();
     let now_ms = Utc::now().timestamp_millis();
+    // Build every statement before writing any, so a bad event writes nothing.
+    let inserts = events
+        .chunks(ROWS_PER_INSERT)
+        .map(|chunk| insert_statement(backend, chunk, now_ms))
+        .collect::<Result<Vec<_>>>()?;
+    for insert in &inserts {
+        conn.execute(insert).await.map_err(|e| store_error("enqueue events", "outbox_events", backend, e))?;
+    }
+    Ok(events.iter().map(NewEvent::id).collect())
+}
+
+/// One multi-row `INSERT` of `events` (not empty).
+fn insert_statement(backend: DbBackend, events: &[NewEvent], now_ms: i64) -> Result<InsertStatement> {
     let mut insert = Query::insert();
     insert.into_table(Entity).columns([
         Column::EventId,
@@ -59,8 +75,7 @@ pub async fn enqueue_all<C: ConnectionTrait>(conn: &C, events: &[NewEvent]) -> R
                 store_error("build an insert", "outbox_events", backend, sea_orm::DbErr::Custom(e.to_string()))
             })?;
     }
-    conn.execute(&insert).await.map_err(|e| store_error("enqueue events", "outbox_events", backend, e))?;
-    Ok(events.iter().map(NewEvent::id).collect())
+    Ok(insert)
 }
 
 /// JSON text bound as a value of the column's JSON type: PostgreSQL needs an explicit `jsonb` cast; MySQL
@@ -68,6 +83,6 @@ pub async fn enqueue_all<C: ConnectionTrait>(conn: &C, events: &[NewEvent]) -> R
 fn json_text(backend: DbBackend, json: String) -> SimpleExpr {
     match backend {
         DbBackend::Postgres => Expr::val(json).cast_as(Alias::new("jsonb")),
-        _ => Expr::val(json).into(),
+        _ => Expr::val(json),
     }
 }

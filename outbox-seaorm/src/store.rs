@@ -37,6 +37,8 @@ use crate::error::{Error, Result, store_error};
 const TABLE: &str = "outbox_events";
 /// `last_error` keeps at most this many bytes of a publisher's message.
 const MAX_ERROR_BYTES: usize = 2000;
+/// Most failed rows marked by one `UPDATE` (see [`mark`]).
+const FAILURES_PER_UPDATE: usize = 1000;
 
 /// The outbox store over a SeaORM connection pool.
 #[derive(Clone, Debug)]
@@ -98,7 +100,7 @@ fn select_claim_columns(query: &mut SelectStatement, backend: DbBackend, table: 
         let text: SimpleExpr = match backend {
             DbBackend::Postgres => col(c).cast_as(Alias::new("text")),
             DbBackend::MySql => col(c).cast_as(Alias::new("char")),
-            _ => col(c).into(),
+            _ => col(c),
         };
         query.expr_as(text, c);
     }
@@ -372,10 +374,13 @@ async fn mark<C: ConnectionTrait>(
         update.value(Column::PublishedAtMs, now_ms);
         report.published = conn.execute(&update).await?.rows_affected();
     }
-    if !outcome.failed.is_empty() {
+    // Each failure binds up to 7 values (its seq in the IN list and in three CASEs, the error, the next
+    // attempt, the dead time). Backends cap the values of one statement (SQLite 32766, PostgreSQL and MySQL
+    // 65535), which a full batch of 10000 failures would exceed, so failures are marked in groups.
+    for group in outcome.failed.chunks(FAILURES_PER_UPDATE) {
         let (mut error, mut next, mut dead) = (CaseStatement::new(), CaseStatement::new(), CaseStatement::new());
         let mut any_dead = false;
-        for failure in &outcome.failed {
+        for failure in group {
             let this = || Expr::col(Column::Seq).eq(failure.seq);
             error = error.case(this(), Expr::val(truncate(&failure.error)));
             next = next.case(this(), Expr::val(failure.next_attempt_at.timestamp_millis()));
@@ -384,17 +389,17 @@ async fn mark<C: ConnectionTrait>(
                 any_dead = true;
             }
         }
-        let mut update = fenced_update(outcome.failed.iter().map(|f| f.seq).collect(), token);
+        let mut update = fenced_update(group.iter().map(|f| f.seq).collect(), token);
         update
             .value(Column::Attempts, Expr::col(Column::Attempts).add(1))
             .value(Column::LastError, error)
             .value(Column::NextAttemptAtMs, next);
         // A CASE without any WHEN renders as `(CASE ELSE dead_at_ms END)`, which no backend accepts: touch
-        // `dead_at_ms` only when some failure in this batch is dead.
+        // `dead_at_ms` only when some failure in this group is dead.
         if any_dead {
             update.value(Column::DeadAtMs, dead.finally(Expr::col(Column::DeadAtMs)));
         }
-        report.failed = conn.execute(&update).await?.rows_affected();
+        report.failed += conn.execute(&update).await?.rows_affected();
     }
     report.fenced = expected - report.published - report.failed;
     Ok(report)

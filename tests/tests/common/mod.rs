@@ -1,0 +1,173 @@
+//! Helpers shared by the integration test files (each file under `tests/` is its own crate and includes
+//! this module with `mod common;`, so not every file uses every helper).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox_integration_tests::TestDb;
+use outbox_seaorm::entity::{inbox_message, outbox_event};
+use outbox_seaorm::{Backoff, EventId, NewEvent, OutboxEvent, RelayConfig};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, Statement, TransactionTrait,
+};
+
+/// The backoff cap of [`fast_config`]: a pass at `now + CAP` is past every retry delay.
+pub const CAP: Duration = Duration::from_secs(10);
+
+/// Relay settings whose retry delays are at most [`CAP`], so tests step over them with `run_once_at`.
+pub fn fast_config() -> RelayConfig {
+    RelayConfig::default().with_backoff(Backoff { initial: Duration::from_secs(1), max: CAP, multiplier: 2 })
+}
+
+/// `t + d`.
+pub fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    t + chrono::Duration::from_std(d).expect("duration fits")
+}
+
+/// An `order` event of `aggregate_id` whose payload is `{"n": n}`.
+pub fn event(aggregate_id: &str, event_type: &str, n: u64) -> NewEvent {
+    NewEvent::new("order", aggregate_id, event_type, &serde_json::json!({ "n": n })).expect("valid event")
+}
+
+/// The `n` of an event built by [`event`].
+pub fn n_of(event: &OutboxEvent) -> u64 {
+    let payload: serde_json::Value = serde_json::from_str(&event.payload).expect("payload is JSON");
+    payload["n"].as_u64().expect("payload has n")
+}
+
+/// Enqueues `events` in a transaction of their own and commits it.
+pub async fn enqueue_committed(t: &TestDb, events: &[NewEvent]) {
+    let txn = t.db.begin().await.unwrap_or_else(|e| panic!("{t}: begin: {e}"));
+    outbox_seaorm::enqueue_all(&txn, events).await.unwrap_or_else(|e| panic!("{t}: enqueue: {e}"));
+    txn.commit().await.unwrap_or_else(|e| panic!("{t}: commit: {e}"));
+}
+
+/// Every outbox row, by sequence.
+pub async fn outbox_rows(t: &TestDb) -> Vec<outbox_event::Model> {
+    outbox_event::Entity::find()
+        .order_by_asc(outbox_event::Column::Seq)
+        .all(&t.db)
+        .await
+        .unwrap_or_else(|e| panic!("{t}: read outbox rows: {e}"))
+}
+
+/// The outbox row of event `id`.
+pub async fn outbox_row(t: &TestDb, id: EventId) -> outbox_event::Model {
+    outbox_event::Entity::find()
+        .filter(outbox_event::Column::EventId.eq(id.to_string()))
+        .one(&t.db)
+        .await
+        .unwrap_or_else(|e| panic!("{t}: read outbox row {id}: {e}"))
+        .unwrap_or_else(|| panic!("{t}: no outbox row for {id}"))
+}
+
+/// Rows in `outbox_events`.
+pub async fn count_outbox(t: &TestDb) -> u64 {
+    outbox_event::Entity::find().count(&t.db).await.unwrap_or_else(|e| panic!("{t}: count outbox rows: {e}"))
+}
+
+/// Rows in `outbox_events` marked published.
+pub async fn count_published(t: &TestDb) -> u64 {
+    outbox_event::Entity::find()
+        .filter(outbox_event::Column::PublishedAtMs.is_not_null())
+        .count(&t.db)
+        .await
+        .unwrap_or_else(|e| panic!("{t}: count published rows: {e}"))
+}
+
+/// Rows in `outbox_events` not published yet (dead ones included).
+pub async fn count_unpublished(t: &TestDb) -> u64 {
+    outbox_event::Entity::find()
+        .filter(outbox_event::Column::PublishedAtMs.is_null())
+        .count(&t.db)
+        .await
+        .unwrap_or_else(|e| panic!("{t}: count unpublished rows: {e}"))
+}
+
+/// Rows in `inbox_messages` for `consumer`.
+pub async fn count_inbox(t: &TestDb, consumer: &str) -> u64 {
+    inbox_message::Entity::find()
+        .filter(inbox_message::Column::Consumer.eq(consumer))
+        .count(&t.db)
+        .await
+        .unwrap_or_else(|e| panic!("{t}: count inbox rows: {e}"))
+}
+
+/// `SELECT COUNT(*)` of any table, e.g. the test's own business tables.
+pub async fn count_table(t: &TestDb, table: &str) -> i64 {
+    let sql = format!("SELECT COUNT(*) AS n FROM {table}");
+    let row =
+        t.db.query_one_raw(Statement::from_string(t.backend, sql))
+            .await
+            .unwrap_or_else(|e| panic!("{t}: count {table}: {e}"))
+            .unwrap_or_else(|| panic!("{t}: COUNT(*) of {table} returned no row"));
+    row.try_get::<i64>("", "n").unwrap_or_else(|e| panic!("{t}: decode COUNT(*) of {table}: {e}"))
+}
+
+/// A shop's own tables, next to the outbox: `orders` (the business change) and `invoices` (a consumer's
+/// effect, deliberately without a unique key: only the inbox prevents a double invoice).
+pub async fn create_shop_tables(t: &TestDb) {
+    for sql in [
+        "CREATE TABLE orders (id VARCHAR(64) NOT NULL PRIMARY KEY, customer VARCHAR(64) NOT NULL, total_minor BIGINT NOT NULL)",
+        "CREATE TABLE invoices (order_id VARCHAR(64) NOT NULL, total_minor BIGINT NOT NULL)",
+    ] {
+        t.db.execute_unprepared(sql).await.unwrap_or_else(|e| panic!("{t}: {sql}: {e}"));
+    }
+}
+
+/// Inserts an invoice through `conn` (a consumer's effect).
+pub async fn insert_invoice<C: ConnectionTrait>(
+    conn: &C,
+    order_id: &str,
+    total_minor: i64,
+) -> Result<(), sea_orm::DbErr> {
+    let sql = format!("INSERT INTO invoices (order_id, total_minor) VALUES ('{order_id}', {total_minor})");
+    conn.execute_unprepared(&sql).await.map(|_| ())
+}
+
+/// The sum of `invoices.total_minor`, added up here (SUM's result type differs per backend).
+pub async fn invoice_total(t: &TestDb) -> i64 {
+    let rows =
+        t.db.query_all_raw(Statement::from_string(t.backend, "SELECT total_minor FROM invoices"))
+            .await
+            .unwrap_or_else(|e| panic!("{t}: read invoices: {e}"));
+    rows.iter().map(|r| r.try_get::<i64>("", "total_minor").expect("total_minor")).sum()
+}
+
+/// Checks per-aggregate order at the broker: within each aggregate, sequence numbers never go down. A
+/// repeated sequence number right after itself is a redelivery (lost ack); a smaller one after a larger one
+/// would be a reordering.
+pub fn assert_per_aggregate_order(received: &[OutboxEvent], t: &TestDb) {
+    let mut last: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    for event in received {
+        let key = (event.aggregate_type.as_str(), event.aggregate_id.as_str());
+        if let Some(&previous) = last.get(&key) {
+            assert!(
+                event.seq >= previous,
+                "{t}: aggregate {key:?}: seq {} arrived after seq {previous} (per-aggregate order broken)",
+                event.seq
+            );
+        }
+        last.insert(key, event.seq);
+    }
+}
+
+/// A tiny deterministic pseudo-random generator (xorshift64*), so failures are "random" but reproducible.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a non-zero seed.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.max(1))
+    }
+
+    /// The next number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}

@@ -1,0 +1,203 @@
+//! Several relays on one outbox, each on its own pool: every event is published exactly once and per-aggregate
+//! order holds, in transaction mode and in lease mode. On SQLite the relays take turns (`BEGIN IMMEDIATE`).
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::{assert_per_aggregate_order, count_published, enqueue_committed, event};
+use outbox_integration_tests::{TestDb, all_backends};
+use outbox_seaorm::{
+    Backoff, BatchOutcome, ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, InMemoryPublisher, NewEvent,
+    OutboxStore, Relay, RelayConfig, SeaOrmStore,
+};
+use sea_orm::DbBackend;
+
+const LEASE: ClaimMode = ClaimMode::Lease { duration: Duration::from_secs(30) };
+
+/// Runs passes until the outbox has nothing pending; returns how many events this relay published.
+async fn run_until_drained(relay: &Relay<SeaOrmStore, InMemoryPublisher>, t: &TestDb, faults: bool) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut published = 0;
+    loop {
+        assert!(Instant::now() < deadline, "{t}: relays did not drain the outbox in 20 s");
+        let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        published += pass.published;
+        assert_eq!((pass.dead, pass.fenced), (0, 0), "{t}: {pass:?}");
+        assert!(faults || pass.failed == 0, "{t}: {pass:?}");
+        if pass.claimed == 0 {
+            // Pending rows may be held by the other relay or wait for their backoff: wait rather than stop.
+            if relay.store().stats(chrono::Utc::now()).await.unwrap_or_else(|e| panic!("{t}: {e}")).pending == 0 {
+                return published;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// Two relays, each on its own pool, drain 120 events of 12 aggregates concurrently. With `faults`, the
+/// broker is down for 5 messages, loses 6 acks and rejects 4 aggregates twice; retries wait 1–5 ms.
+async fn two_relays_publish_each_event_once_in_order(t: &TestDb, mode: ClaimMode, faults: bool) {
+    const AGGREGATES: u64 = 12;
+    const EVENTS: u64 = 120;
+    const LOST_ACKS: u32 = 6;
+    let events: Vec<NewEvent> = (0..EVENTS).map(|i| event(&format!("agg-{}", i % AGGREGATES), "step", i)).collect();
+    enqueue_committed(t, &events).await;
+
+    let broker = InMemoryPublisher::new();
+    broker.set_delay(Duration::from_millis(3));
+    // Small batches, so both relays find heads to claim while the other one is publishing.
+    let mut config = RelayConfig::default().with_claim_mode(mode).with_batch_size(4);
+    if faults {
+        broker.go_down_for(5);
+        broker.lose_acks(LOST_ACKS);
+        for a in 0..4 {
+            broker.fail_aggregate(format!("agg-{a}"), 2);
+        }
+        let backoff = Backoff { initial: Duration::from_millis(1), max: Duration::from_millis(5), multiplier: 2 };
+        config = config.with_backoff(backoff).with_max_attempts(1000);
+    }
+    let relay_a = Relay::new(SeaOrmStore::new(t.reconnect().await), broker.clone(), config.clone()).expect("config");
+    let relay_b = Relay::new(SeaOrmStore::new(t.reconnect().await), broker.clone(), config).expect("config");
+    let (a, b) = tokio::join!(run_until_drained(&relay_a, t, faults), run_until_drained(&relay_b, t, faults));
+
+    let received = broker.received();
+    let distinct: HashSet<_> = received.iter().map(|e| e.id).collect();
+    let expected_messages = if faults { EVENTS + u64::from(LOST_ACKS) } else { EVENTS };
+    assert_eq!(a + b, EVENTS, "{t}: relay A published {a}, relay B {b}");
+    assert_eq!(received.len() as u64, expected_messages, "{t}: {} messages for {EVENTS} events", received.len());
+    assert_eq!(distinct.len() as u64, EVENTS, "{t}: an event was never published");
+    assert_eq!(count_published(t).await, EVENTS, "{t}");
+    assert_per_aggregate_order(&received, t);
+    if !faults {
+        // Without lost acks, no event may reach the broker twice: not even adjacent repeats.
+        assert_eq!(received.len(), distinct.len(), "{t}: an event was published twice");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_transaction_mode_relays_publish_every_event_once_in_order() {
+    for t in all_backends("two_relays_transaction_mode").await {
+        two_relays_publish_each_event_once_in_order(&t, ClaimMode::Transaction, false).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_lease_mode_relays_publish_every_event_once_in_order() {
+    for t in all_backends("two_relays_lease_mode").await {
+        two_relays_publish_each_event_once_in_order(&t, LEASE, false).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_transaction_mode_relays_keep_order_through_broker_faults() {
+    for t in all_backends("two_relays_transaction_mode_faults").await {
+        two_relays_publish_each_event_once_in_order(&t, ClaimMode::Transaction, true).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_lease_mode_relays_keep_order_through_broker_faults() {
+    for t in all_backends("two_relays_lease_mode_faults").await {
+        two_relays_publish_each_event_once_in_order(&t, LEASE, true).await;
+    }
+}
+
+fn request(mode: ClaimMode, limit: u32) -> ClaimRequest {
+    ClaimRequest { now: chrono::Utc::now(), limit, mode, dead_letters: DeadLetterPolicy::BlockAggregate }
+}
+
+fn aggregates(batch: &impl ClaimedBatch) -> Vec<String> {
+    batch.events().iter().map(|e| format!("{}:{}", e.aggregate_id, e.event_type)).collect()
+}
+
+fn all_published(batch: &impl ClaimedBatch) -> BatchOutcome {
+    BatchOutcome {
+        now: chrono::Utc::now(),
+        published: batch.events().iter().map(|e| e.seq).collect(),
+        failed: Vec::new(),
+    }
+}
+
+/// While relay A holds the head of aggregate `x`, relay B must not get `x`'s later event, only other
+/// aggregates' heads; once A is done, `x`'s next event becomes claimable.
+async fn held_head_keeps_its_aggregate_from_other_relays(t: &TestDb, mode: ClaimMode) {
+    enqueue_committed(
+        t,
+        &[event("x", "first", 1), event("y", "first", 2), event("x", "second", 3), event("y", "second", 4)],
+    )
+    .await;
+    let store_a = SeaOrmStore::new(t.reconnect().await);
+    let store_b = SeaOrmStore::new(t.reconnect().await);
+
+    let held_by_a = store_a.claim(request(mode, 1)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(aggregates(&held_by_a), ["x:first"], "{t}");
+    let held_by_b = store_b.claim(request(mode, 10)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(aggregates(&held_by_b), ["y:first"], "{t}: B may take y's head but nothing of x");
+    let third = store_b.claim(request(mode, 10)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert!(third.events().is_empty(), "{t}: every head is held, later events must wait: {:?}", aggregates(&third));
+    drop(third);
+
+    // A marks x:first while B still holds y:first: B's claim must not lock anything but its own rows.
+    let outcome = all_published(&held_by_a);
+    let report = tokio::time::timeout(Duration::from_secs(5), held_by_a.complete(outcome))
+        .await
+        .unwrap_or_else(|_| panic!("{t}: marking A's batch waited on B's claim"))
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(report.published, 1, "{t}: {report:?}");
+    let next = store_a.claim(request(mode, 10)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(aggregates(&next), ["x:second"], "{t}: y:second still waits behind B's y:first");
+    let outcome = all_published(&next);
+    next.complete(outcome).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let outcome = all_published(&held_by_b);
+    held_by_b.complete(outcome).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let last = store_a.claim(request(mode, 10)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(aggregates(&last), ["y:second"], "{t}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aggregate_whose_head_another_relay_locks_is_skipped_whole() {
+    for t in all_backends("held_head_transaction_mode").await {
+        // SQLite has no row locks: a second claim waits for the first relay's write transaction to end, so
+        // this interleaving cannot happen there (the relays take turns).
+        if t.backend == DbBackend::Sqlite {
+            continue;
+        }
+        held_head_keeps_its_aggregate_from_other_relays(&t, ClaimMode::Transaction).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aggregate_whose_head_another_relay_leases_is_skipped_whole() {
+    for t in all_backends("held_head_lease_mode").await {
+        held_head_keeps_its_aggregate_from_other_relays(&t, LEASE).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_never_waits_for_a_relays_open_transaction_claim() {
+    for t in all_backends("enqueue_beside_open_claim").await {
+        // SQLite has one writer at a time: there an enqueue waits for the relay's transaction (the crate
+        // docs say so, and recommend lease mode).
+        if t.backend == DbBackend::Sqlite {
+            continue;
+        }
+        enqueue_committed(&t, &[event("x", "first", 1), event("y", "first", 2)]).await;
+        let relay_pool = SeaOrmStore::new(t.reconnect().await);
+        let held = relay_pool.claim(request(ClaimMode::Transaction, 10)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(held.events().len(), 2, "{t}");
+
+        // New events of a held aggregate and of a fresh one, while the claim is open.
+        let more = [event("x", "second", 3), event("z", "first", 4)];
+        tokio::time::timeout(Duration::from_secs(5), enqueue_committed(&t, &more))
+            .await
+            .unwrap_or_else(|_| panic!("{t}: the enqueue waited for the relay's claim (gap locks?)"));
+
+        let outcome = all_published(&held);
+        let report = held.complete(outcome).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(report.published, 2, "{t}: {report:?}");
+        let next = relay_pool.claim(request(ClaimMode::Transaction, 10)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(aggregates(&next), ["x:second", "z:first"], "{t}");
+    }
+}
