@@ -107,13 +107,13 @@ fn generate(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
             (None, None)
         }
     };
-    if let Some(txn) = txn {
-        if !is_transaction_ref(&txn.ty) {
-            errors.at(
-                &txn.ty,
-                "the first parameter must be the transaction, `txn: &DatabaseTransaction`: the effect runs in the same transaction as the inbox row",
-            );
-        }
+    if let Some(txn) = txn
+        && !is_transaction_ref(&txn.ty)
+    {
+        errors.at(
+            &txn.ty,
+            "the first parameter must be the transaction, `txn: &DatabaseTransaction`: the effect runs in the same transaction as the inbox row",
+        );
     }
     let results = result_types(&sig.output);
     if results.is_none() {

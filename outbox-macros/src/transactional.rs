@@ -195,22 +195,22 @@ impl EmitRewriter {
 
 impl VisitMut for EmitRewriter {
     fn visit_expr_mut(&mut self, expr: &mut syn::Expr) {
-        if let syn::Expr::Macro(m) = expr {
-            if is_emit(&m.mac) {
-                *expr = self.replacement(&m.mac);
-                return;
-            }
+        if let syn::Expr::Macro(m) = expr
+            && is_emit(&m.mac)
+        {
+            *expr = self.replacement(&m.mac);
+            return;
         }
         syn::visit_mut::visit_expr_mut(self, expr);
     }
 
     fn visit_stmt_mut(&mut self, stmt: &mut syn::Stmt) {
-        if let syn::Stmt::Macro(m) = stmt {
-            if is_emit(&m.mac) {
-                let expr = self.replacement(&m.mac);
-                *stmt = syn::Stmt::Expr(expr, Some(m.semi_token.unwrap_or_default()));
-                return;
-            }
+        if let syn::Stmt::Macro(m) = stmt
+            && is_emit(&m.mac)
+        {
+            let expr = self.replacement(&m.mac);
+            *stmt = syn::Stmt::Expr(expr, Some(m.semi_token.unwrap_or_default()));
+            return;
         }
         syn::visit_mut::visit_stmt_mut(self, stmt);
     }
