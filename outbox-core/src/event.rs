@@ -143,3 +143,18 @@ pub fn verify_events_lock(path: impl AsRef<Path>, schemas: &[EventSchema]) -> st
     }
     if problems.is_empty() { Ok(()) } else { Err(problems.join("\n")) }
 }
+
+/// The JSON Schema of event `E`'s payload, for other teams to consume the contract, annotated with the
+/// event's stable name (`x-event-name`), version (`x-event-version`) and aggregate (`x-aggregate-type`).
+///
+/// Derive `schemars::JsonSchema` next to `DomainEvent` on the event type.
+#[cfg(feature = "schemars")]
+pub fn event_json_schema<E: DomainEvent + schemars::JsonSchema>() -> serde_json::Value {
+    let mut schema = serde_json::to_value(schemars::schema_for!(E)).unwrap_or_default();
+    if let Some(object) = schema.as_object_mut() {
+        object.insert("x-event-name".into(), E::NAME.into());
+        object.insert("x-event-version".into(), E::VERSION.into());
+        object.insert("x-aggregate-type".into(), E::AGGREGATE_TYPE.into());
+    }
+    schema
+}

@@ -38,6 +38,8 @@ pub use envelope::{
     MAX_HEADER_NAME_LEN, NewEvent, OutboxEvent,
 };
 pub use error::{BoxError, Error, Result};
+#[cfg(feature = "schemars")]
+pub use event::event_json_schema;
 pub use event::{DomainEvent, EventSchema, FieldSchema, verify_events_lock};
 pub use inbox::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 pub use memory::InMemoryPublisher;

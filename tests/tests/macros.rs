@@ -33,7 +33,7 @@ impl From<OrderPlacedV1> for OrderPlaced {
     }
 }
 
-#[derive(DomainEvent, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(DomainEvent, Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
 #[domain_event(name = "order.paid", version = 1, aggregate = "order")]
 #[serde(rename_all = "camelCase")]
 struct OrderPaid {
@@ -246,4 +246,36 @@ async fn unknown_types_and_newer_versions_are_errors_that_record_nothing() {
 fn events_lock_matches_the_event_types() {
     let lock = concat!(env!("CARGO_MANIFEST_DIR"), "/events.lock");
     outbox_seaorm::verify_events_lock(lock, &[OrderPlaced::SCHEMA, OrderPaid::SCHEMA]).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_service_call_leaves_no_half_written_outbox() {
+    for t in all_backends("mac_cancel").await {
+        create_shop_tables(&t).await;
+        let slow = slow_place(&t.db, "o1");
+        let cancelled = tokio::time::timeout(std::time::Duration::from_millis(200), slow).await;
+        assert!(cancelled.is_err(), "{t}: the call was cancelled mid-way");
+        assert_eq!(count_outbox(&t).await, 0, "{t}");
+        assert_eq!(count_table(&t, "orders").await, 0, "{t}");
+        Orders.place(&t.db, "o2", 1).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(count_outbox(&t).await, 1, "{t}: the pool is still usable");
+    }
+}
+
+/// Saves an order, emits its event, then waits far longer than any caller will.
+#[transactional_outbox]
+async fn slow_place(db: &DatabaseConnection, id: &str) -> Result<(), ShopError> {
+    Orders.place(db, id, 100).await?;
+    tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+    Ok(())
+}
+
+#[test]
+fn the_event_contract_exports_as_json_schema_with_its_name_and_version() {
+    let schema = outbox_seaorm::event_json_schema::<OrderPaid>();
+    assert_eq!(schema["x-event-name"], "order.paid");
+    assert_eq!(schema["x-event-version"], 1);
+    assert_eq!(schema["x-aggregate-type"], "order");
+    assert_eq!(schema["properties"]["amountMinor"]["type"], "integer", "{schema}");
+    assert_eq!(schema["required"], serde_json::json!(["orderId", "amountMinor"]), "{schema}");
 }
