@@ -24,6 +24,7 @@ mod config;
 mod envelope;
 mod error;
 mod event;
+mod faults;
 mod inbox;
 mod memory;
 mod publisher;
@@ -41,6 +42,7 @@ pub use error::{BoxError, Error, Result};
 #[cfg(feature = "schemars")]
 pub use event::event_json_schema;
 pub use event::{DomainEvent, EventSchema, FieldSchema, verify_events_lock};
+pub use faults::FaultyPublisher;
 pub use inbox::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 pub use memory::InMemoryPublisher;
 pub use publisher::{PublishError, Publisher};
