@@ -201,7 +201,9 @@ impl NewEvent {
     }
 }
 
-fn check_name(field: &'static str, value: &str, max: usize) -> Result<()> {
+/// Checks a name or key bound for a `VARCHAR(max)` column: not blank, at most `max` bytes, no control
+/// characters; the error names `field`.
+pub fn check_name(field: &'static str, value: &str, max: usize) -> Result<()> {
     if value.trim().is_empty() {
         return Err(Error::invalid_event(field, "is empty; give a non-blank name"));
     }

@@ -3,9 +3,10 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{FnArg, ItemFn, LitStr, ReturnType, Type};
+use syn::{FnArg, ItemFn, LitStr, Type};
 
 use crate::diagnostics::{Errors, with_item};
+use crate::signature::result_types;
 
 struct Args {
     consumer: Option<LitStr>,
@@ -26,21 +27,6 @@ fn parse_args(args: TokenStream) -> syn::Result<Args> {
     });
     syn::parse::Parser::parse2(parser, args)?;
     Ok(parsed)
-}
-
-fn result_types(ret: &ReturnType) -> Option<(&Type, &Type)> {
-    let ReturnType::Type(_, ty) = ret else { return None };
-    let Type::Path(path) = &**ty else { return None };
-    let last = path.path.segments.last()?;
-    if last.ident != "Result" {
-        return None;
-    }
-    let syn::PathArguments::AngleBracketed(args) = &last.arguments else { return None };
-    let mut types = args.args.iter().filter_map(|a| match a {
-        syn::GenericArgument::Type(t) => Some(t),
-        _ => None,
-    });
-    Some((types.next()?, types.next()?))
 }
 
 fn is_transaction_ref(ty: &Type) -> bool {

@@ -22,6 +22,7 @@ mod handler;
 #[allow(dead_code, missing_docs)]
 #[path = "../../outbox-core/src/schema_lock.rs"]
 mod schema_lock;
+mod signature;
 mod transactional;
 
 /// Implements `DomainEvent` for a struct with named fields.

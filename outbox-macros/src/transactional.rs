@@ -8,6 +8,7 @@ use syn::{Block, Ident, ImplItem, Item, ReturnType, Signature, Type};
 
 use crate::connection;
 use crate::diagnostics::{Errors, with_item};
+use crate::signature::result_types;
 
 pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     if !args.is_empty() {
@@ -79,17 +80,7 @@ fn missing_connection_message(ident: &Ident) -> String {
 
 /// The error type `E` of a `Result<T, E>` return type, if it is spelled that way.
 fn error_type(ret: &ReturnType) -> Option<&Type> {
-    let ReturnType::Type(_, ty) = ret else { return None };
-    let Type::Path(path) = &**ty else { return None };
-    let last = path.path.segments.last()?;
-    if last.ident != "Result" {
-        return None;
-    }
-    let syn::PathArguments::AngleBracketed(args) = &last.arguments else { return None };
-    match args.args.iter().nth(1)? {
-        syn::GenericArgument::Type(ty) => Some(ty),
-        _ => None,
-    }
+    result_types(ret).map(|(_, err)| err)
 }
 
 fn rewrite(sig: &Signature, block: &Block) -> syn::Result<Block> {

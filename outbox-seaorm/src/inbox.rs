@@ -5,7 +5,7 @@ use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, Statement, Transa
 
 use outbox_core::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 
-use crate::error::{Error, InboxError, store_error};
+use crate::error::{InboxError, store_error};
 
 /// Runs `effect` at most once per `(consumer, message_id)`.
 ///
@@ -33,8 +33,8 @@ where
     C: ConnectionTrait + TransactionTrait<Transaction = DatabaseTransaction>,
     F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
 {
-    check_key("consumer", consumer, MAX_CONSUMER_LEN)?;
-    check_key("message_id", message_id, MAX_MESSAGE_ID_LEN)?;
+    outbox_core::check_name("consumer", consumer, MAX_CONSUMER_LEN)?;
+    outbox_core::check_name("message_id", message_id, MAX_MESSAGE_ID_LEN)?;
     let backend = db.get_database_backend();
     let txn = db.begin().await.map_err(|e| store_error("begin", "inbox_messages", backend, e))?;
     let inserted = txn
@@ -78,17 +78,4 @@ fn record_statement(backend: DbBackend, consumer: &str, message_id: &str) -> Sta
         sql,
         [consumer.into(), message_id.into(), Utc::now().timestamp_millis().into()],
     )
-}
-
-fn check_key(field: &'static str, value: &str, max: usize) -> Result<(), Error> {
-    if value.trim().is_empty() {
-        return Err(Error::invalid_event(field, "is empty"));
-    }
-    if value.len() > max {
-        return Err(Error::invalid_event(
-            field,
-            format!("is {} bytes long; the column holds at most {max}", value.len()),
-        ));
-    }
-    Ok(())
 }

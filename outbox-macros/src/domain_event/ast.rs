@@ -79,11 +79,8 @@ impl<'a> Event<'a> {
                     if meta.path.is_ident("rename_all") {
                         let value: LitStr = meta.value()?.parse()?;
                         rename_all = Some(value.value());
-                    } else if meta.input.peek(Token![=]) {
-                        let _: syn::Expr = meta.value()?.parse()?;
-                    } else if meta.input.peek(syn::token::Paren) {
-                        let _content;
-                        syn::parenthesized!(_content in meta.input);
+                    } else {
+                        skip_value(&meta)?;
                     }
                     Ok(())
                 });
@@ -117,11 +114,8 @@ impl<'a> Event<'a> {
                             parsed.json_name = value.value();
                         } else if meta.path.is_ident("skip") || meta.path.is_ident("skip_serializing") {
                             parsed.skipped = true;
-                        } else if meta.input.peek(Token![=]) {
-                            let _: syn::Expr = meta.value()?.parse()?;
-                        } else if meta.input.peek(syn::token::Paren) {
-                            let _content;
-                            syn::parenthesized!(_content in meta.input);
+                        } else {
+                            skip_value(&meta)?;
                         }
                         Ok(())
                     });
@@ -160,16 +154,22 @@ fn parse_container(attr: &syn::Attribute, event: &mut Event<'_>, errors: &mut Er
                     meta.path.get_ident().map(Ident::to_string).unwrap_or_else(|| "?".into())
                 )));
                 // Skip the value so the remaining keys are still checked.
-                if meta.input.peek(Token![=]) {
-                    let _: syn::Expr = meta.value()?.parse()?;
-                } else if meta.input.peek(syn::token::Paren) {
-                    let _content;
-                    syn::parenthesized!(_content in meta.input);
-                }
+                skip_value(&meta)?;
             }
         }
         Ok(())
     })
+}
+
+/// Consumes the value of a key this macro does not read (`key = value` or `key(...)`).
+fn skip_value(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<()> {
+    if meta.input.peek(Token![=]) {
+        let _: syn::Expr = meta.value()?.parse()?;
+    } else if meta.input.peek(syn::token::Paren) {
+        let _content;
+        syn::parenthesized!(_content in meta.input);
+    }
+    Ok(())
 }
 
 /// serde's `rename_all` rules for field names (which start in snake_case).
