@@ -16,6 +16,8 @@
 //! code is non-zero unless all six hold. Logs go to stderr (`RUST_LOG`, default `warn`).
 
 mod app;
+mod kafka;
+mod through;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
@@ -95,7 +97,7 @@ impl StepClock {
 }
 
 /// Relay passes while anything is pending, at most [`MAX_PASSES`]; returns the passes made.
-async fn drain(relay: &LabRelay, clock: &mut StepClock) -> Result<Vec<RelayPass>> {
+async fn drain<P: Publisher>(relay: &Relay<SeaOrmStore, P>, clock: &mut StepClock) -> Result<Vec<RelayPass>> {
     let mut passes = Vec::new();
     while passes.len() < MAX_PASSES && relay.store().stats(Utc::now()).await?.pending > 0 {
         passes.push(relay.run_once_at(clock.next()).await?);
@@ -416,8 +418,19 @@ fn sqlite_url() -> Result<String> {
     Ok(format!("sqlite://{}?mode=rwc", path.display()))
 }
 
+/// The lab's command line.
+#[derive(clap::Parser)]
+#[command(about = "The seed lab: dual write loses events, the transactional outbox does not.")]
+struct Args {
+    /// Run scenario ④ through this broker instead of the in-memory one: nats://, kafka://, amqp:// or
+    /// redis:// (e.g. nats://127.0.0.1:4222).
+    #[arg(long)]
+    broker: Option<String>,
+}
+
 #[tokio::main]
 async fn main() -> Result<ExitCode, BoxError> {
+    let args = <Args as clap::Parser>::parse();
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")))
         .with_writer(std::io::stderr)
@@ -440,7 +453,10 @@ async fn main() -> Result<ExitCode, BoxError> {
             1 => dual_write_then_crash(&lab, &mut checks).await,
             2 => publish_then_failed_save(&lab, &mut checks).await,
             3 => outbox_in_one_transaction(&lab, &mut checks).await,
-            4 => flaky_broker_and_inbox(&lab, &mut checks).await,
+            4 => match &args.broker {
+                Some(url) => through::flaky_broker_through(&lab, url, &mut checks).await,
+                None => flaky_broker_and_inbox(&lab, &mut checks).await,
+            },
             5 => order_within_an_aggregate(&lab, &mut checks).await,
             _ => two_relays_at_once(&lab, &mut checks).await,
         };
