@@ -89,7 +89,7 @@ pub async fn flaky_broker_through(lab: &Lab, url: &str, checks: &mut Checks) -> 
             let token = shutdown.clone();
             let task = tokio::spawn(async move { Ok(consumer.run(handler, token).await?) });
             relay_through(lab, publisher.clone(), checks).await?;
-            let cleanup = Cleanup::Nats(publisher, stream);
+            let cleanup = Cleanup::Nats(Box::new(publisher), stream);
             (true, task, cleanup)
         }
         BrokerKind::RabbitMq => {
@@ -182,7 +182,7 @@ fn redact(url: &str) -> String {
 
 /// What to remove from the broker afterwards.
 enum Cleanup {
-    Nats(NatsPublisher, String),
+    Nats(Box<NatsPublisher>, String),
     Rabbit(String, String, String),
     Redis(String, String),
     None,
