@@ -294,7 +294,8 @@ impl KafkaPublisher {
     }
 
     /// Waits up to `timeout` for every message handed to the producer to be delivered or failed (call it
-    /// before shutting down if publishes may have been abandoned by a relay timeout).
+    /// before shutting down if publishes may have been abandoned by a relay timeout). Blocks the calling
+    /// thread: from async code, call it in `spawn_blocking`.
     pub fn flush(&self, timeout: Duration) -> Result<()> {
         self.producer().flush(timeout).map_err(|e| Error::broker(BROKER, "flush the producer", e))
     }
