@@ -112,7 +112,8 @@ fn types_of(rows: &[outbox_seaorm::entity::outbox_event::Model]) -> Vec<(String,
 
 async fn published(t: &TestDb) -> Vec<OutboxEvent> {
     let broker = InMemoryPublisher::new();
-    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), RelayConfig::default()).expect("valid config");
+    let relay =
+        Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), RelayConfig::default()).expect("valid config");
     relay.drain(100).await.unwrap_or_else(|e| panic!("{t}: relay: {e}"));
     broker.received()
 }
@@ -215,7 +216,8 @@ async fn unknown_types_and_newer_versions_are_errors_that_record_nothing() {
         let malformed = NewEvent::new("order", "o1", "order.placed", &serde_json::json!({"order_id": 5})).unwrap();
         outbox_seaorm::enqueue_all(&t.db, &[cancelled, from_the_future, malformed]).await.unwrap();
         let broker = InMemoryPublisher::new();
-        let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), RelayConfig::default()).expect("valid config");
+        let relay =
+            Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), RelayConfig::default()).expect("valid config");
         for _ in 0..3 {
             relay.run_once().await.unwrap();
         }
