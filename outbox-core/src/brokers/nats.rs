@@ -20,9 +20,9 @@
 //!   `max_payload` (or the stream's `max_msg_size`) fails with [`PublishError::permanent`]: the row is dead
 //!   at once with the reason as `last_error`. Anything else (server unreachable, ack timeout, no stream for
 //!   the subject) is transient.
-//! - **Consumer.** Explicit acks; [`Disposition::Retry`] naks the message *and the rest of its batch in
-//!   order*, then pauses fetching with a growing delay, so a later event of the same aggregate does not
-//!   overtake the one being retried (with a single consumer process); [`Disposition::Park`] and messages
+//! - **Consumer.** Explicit acks; [`Disposition::Retry`] retries the message *in place* after a growing
+//!   pause, keeping its ack deadline alive with progress acks while the rest of the fetch waits, so a later
+//!   event of the same aggregate never overtakes it (with a single consumer process); [`Disposition::Park`] and messages
 //!   without an envelope are terminated (`AckKind::Term`, never redelivered) with a warning.
 //!
 //! Written against async-nats 0.51 and checked with nats-server 2.9: only stream and consumer fields that
@@ -573,9 +573,10 @@ impl NatsConsumer {
     /// hands the rest of its fetch back (nak) before returning.
     ///
     /// One message at a time, in stream order: [`Disposition::Ack`] acks it (the handler returns it only
-    /// after its commit; a lost ack means a redelivery the inbox drops); [`Disposition::Retry`] naks it and
-    /// every later message of the same fetch, in order, then pauses ([`NatsConsumerOptions::retry_delay`],
-    /// doubling up to `max_retry_delay`) and probes with one message until the handler succeeds again;
+    /// after its commit; a lost ack means a redelivery the inbox drops); [`Disposition::Retry`] retries it in
+    /// place after a pause ([`NatsConsumerOptions::retry_delay`], doubling up to `max_retry_delay`), with
+    /// progress acks so it stays at the head of the line, until the handler acks or parks it (a handler that
+    /// retries forever stalls the consumer, as order demands: return `Park` for what can never succeed);
     /// [`Disposition::Park`] and a message without a valid envelope are terminated with a warning. Fetch
     /// errors (server unreachable, leader change, consumer deleted) are logged and retried with a pause; the
     /// client reconnects by itself.
@@ -591,10 +592,8 @@ impl NatsConsumer {
 
     async fn run_loop<H: MessageHandler>(&self, handler: &H, shutdown: &CancellationToken) -> Result<()> {
         let mut fetch_failures = 0u32;
-        let mut retries = 0u32;
         while !shutdown.is_cancelled() {
-            // While retrying, probe with one message so only the head of the line spends deliveries.
-            let size = if retries > 0 { 1 } else { self.options.batch_size };
+            let size = self.options.batch_size;
             let started = Instant::now();
             let fetched = tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -632,28 +631,48 @@ impl NatsConsumer {
                 };
                 received += 1;
                 if hand_back || shutdown.is_cancelled() {
-                    // After a retry (or on shutdown) hand the rest back in order, unprocessed.
+                    // On shutdown hand the rest back in order, unprocessed.
                     if let Err(error) = message.ack_with(AckKind::Nak(None)).await {
                         tracing::debug!(%error, "nak failed; the message is redelivered after ack_wait");
                     }
                     continue;
                 }
-                match self.handle(handler, &message).await {
+                // Retry in place: the message stays at the head of the line (its ack deadline pushed back
+                // with progress acks) and the rest of the fetch waits, so a later event of the same aggregate
+                // can never overtake it. Naking instead would let JetStream redeliver it behind later
+                // messages, into the still-open pull request.
+                let mut attempt = 0u32;
+                let disposition = loop {
+                    match self.handle(handler, &message).await {
+                        Disposition::Retry => {
+                            attempt = attempt.saturating_add(1);
+                            let pause = self.options.retry_pause(attempt);
+                            tracing::debug!(?pause, attempt, "handler asked for a retry; retrying in place");
+                            if let Err(error) = message.ack_with(AckKind::Progress).await {
+                                tracing::debug!(%error, "progress ack failed");
+                            }
+                            pause_or_shutdown(pause, shutdown).await;
+                            if shutdown.is_cancelled() {
+                                break Disposition::Retry;
+                            }
+                        }
+                        settled => break settled,
+                    }
+                };
+                match disposition {
                     Disposition::Ack => {
-                        retries = 0;
                         if let Err(error) = message.ack().await {
                             tracing::warn!(%error, "ack failed; the message comes back after ack_wait and the inbox drops it");
                         }
                     }
                     Disposition::Retry => {
-                        retries = retries.saturating_add(1);
+                        // Only on shutdown: hand it and the rest of the fetch back, in order.
                         hand_back = true;
                         if let Err(error) = message.ack_with(AckKind::Nak(None)).await {
                             tracing::debug!(%error, "nak failed; the message is redelivered after ack_wait");
                         }
                     }
                     Disposition::Park => {
-                        retries = 0;
                         if let Err(error) = message.ack_with(AckKind::Term).await {
                             tracing::warn!(%error, "terminate failed; the message comes back after ack_wait");
                         }
@@ -665,10 +684,6 @@ impl NatsConsumer {
             }
             if batch_failed {
                 let pause = self.options.retry_pause(fetch_failures).min(Duration::from_secs(5));
-                pause_or_shutdown(pause, shutdown).await;
-            } else if hand_back {
-                let pause = self.options.retry_pause(retries);
-                tracing::debug!(?pause, retries, "handler asked for a retry; pausing before the next fetch");
                 pause_or_shutdown(pause, shutdown).await;
             } else if received == 0 && started.elapsed() < self.options.fetch_wait / 2 {
                 // The server answered "no messages" at once: do not spin.
