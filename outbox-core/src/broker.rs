@@ -167,6 +167,21 @@ impl Destination {
         &self.template
     }
 
+    /// The template rendered with a plain value (`a`, version `1`) in every placeholder: what adapters check
+    /// at configuration time, so a template whose fixed parts can never form a valid name is rejected
+    /// before any event is published.
+    pub fn render_sample(&self) -> String {
+        let mut out = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Literal(s) => out.push_str(s),
+                Part::Version => out.push('1'),
+                Part::AggregateType | Part::AggregateId | Part::EventType => out.push('a'),
+            }
+        }
+        out
+    }
+
     /// The destination of `event`.
     pub fn render(&self, event: &OutboxEvent) -> String {
         let mut out = String::new();

@@ -45,7 +45,7 @@ use tracing::Instrument as _;
 pub use rdkafka;
 
 use crate::broker::{Destination, Disposition, MessageHandler, decode_message, envelope_headers};
-use crate::envelope::{EventId, OutboxEvent};
+use crate::envelope::OutboxEvent;
 use crate::error::{Error, Result};
 use crate::publisher::{PublishError, Publisher};
 
@@ -90,20 +90,7 @@ pub fn validate_topic(name: &str) -> std::result::Result<(), String> {
 /// Checks at configuration time that `destination` can render a valid topic: its literal parts must be
 /// valid topic characters and short enough (placeholders are checked per event when rendered).
 fn validate_destination(destination: &Destination) -> Result<()> {
-    let probe = OutboxEvent {
-        seq: 0,
-        id: EventId::new(),
-        aggregate_type: "a".to_owned(),
-        aggregate_id: "a".to_owned(),
-        event_type: "a".to_owned(),
-        schema_version: 1,
-        payload: String::new(),
-        headers: Default::default(),
-        created_at: chrono::Utc::now(),
-        attempts: 0,
-        last_error: None,
-    };
-    validate_topic(&destination.render(&probe)).map_err(|reason| {
+    validate_topic(&destination.render_sample()).map_err(|reason| {
         Error::invalid_config(
             "destination",
             format!("template {:?} cannot make a valid Kafka topic name: it {reason}", destination.template()),

@@ -369,20 +369,7 @@ impl Publisher for NatsPublisher {
 /// Checks the fixed parts of a subject template: rendering it with plain placeholder values must give a
 /// valid subject.
 fn check_template(destination: &Destination) -> Result<()> {
-    let probe = OutboxEvent {
-        seq: 0,
-        id: EventId::new(),
-        aggregate_type: "a".to_owned(),
-        aggregate_id: "a".to_owned(),
-        event_type: "a".to_owned(),
-        schema_version: 1,
-        payload: String::new(),
-        headers: Default::default(),
-        created_at: chrono::Utc::now(),
-        attempts: 0,
-        last_error: None,
-    };
-    let rendered = destination.render(&probe);
+    let rendered = destination.render_sample();
     match subject_problem(&rendered) {
         None => Ok(()),
         Some(problem) => Err(Error::invalid_config(
