@@ -192,6 +192,12 @@ async fn claim_heads(
             txn.query_all(&lock).await?
         }
         DbBackend::Postgres => {
+            // The claim must walk `outbox_events_pending` in `seq` order and stop after `limit` heads. Right
+            // after a burst of enqueues or publishes the statistics lag, the planner takes the pending rows
+            // for rare and picks a bitmap scan that anti-joins and sorts *every* pending row (measured: 148 ms
+            // instead of 24 ms per 1000-row claim with 50k rows pending). Both settings last only for this
+            // transaction.
+            txn.execute_unprepared("SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off").await?;
             select_claim_columns(&mut heads, backend, Some(&o));
             heads.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
             txn.query_all(&heads).await?
