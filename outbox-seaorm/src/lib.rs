@@ -33,6 +33,18 @@
 //! | inbox dedup | `ON CONFLICT DO NOTHING` | `INSERT IGNORE` | `ON CONFLICT DO NOTHING` |
 //! | claim statements | 1 (after a `SET LOCAL` that pins the plan) | 2 | 1 |
 
+//!
+//! ## Features
+//! | feature | what it adds |
+//! |---|---|
+//! | `nats` | NATS JetStream publisher and durable pull consumer (`brokers::nats`) |
+//! | `kafka` | Kafka idempotent producer and consumer (`brokers::kafka`, vendored librdkafka) |
+//! | `rabbitmq` | RabbitMQ publisher confirms and manual-ack consumer (`brokers::rabbitmq`) |
+//! | `redis` | Redis Streams publisher and consumer group (`brokers::redis`) |
+//! | `schemars` | `event_json_schema::<E>()`: an event's JSON Schema with its name and version |
+//!
+//! PostgreSQL, MySQL/MariaDB and SQLite drivers are always on (SeaORM's `sqlx-*` features, Tokio, rustls).
+
 mod connect;
 mod enqueue;
 pub mod entity;
