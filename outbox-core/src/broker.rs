@@ -228,6 +228,26 @@ where
     }
 }
 
+/// Runs `handler` on `message`; a panic in the handler is caught, logged and answered with
+/// [`Disposition::Retry`] (its transaction was dropped, so nothing was applied), so a consumer keeps running
+/// and the message is not lost.
+pub async fn handle_guarded<H: MessageHandler>(handler: &H, message: OutboxEvent) -> Disposition {
+    use futures_util::FutureExt as _;
+    let id = message.id;
+    match std::panic::AssertUnwindSafe(handler.handle(message)).catch_unwind().await {
+        Ok(disposition) => disposition,
+        Err(panic) => {
+            let reason = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-string panic".to_owned());
+            tracing::error!(event_id = %id, %reason, "the message handler panicked; the message will be retried");
+            Disposition::Retry
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +280,14 @@ mod tests {
     fn a_message_without_an_envelope_is_rejected_by_name() {
         let err = decode_message(&BTreeMap::new(), b"{}").unwrap_err();
         assert!(err.to_string().contains("`ce_id`"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_asks_for_a_retry_instead_of_killing_the_consumer() {
+        let handler = |_: OutboxEvent| async { panic!("bug in the handler") };
+        assert_eq!(handle_guarded(&handler, sample()).await, Disposition::Retry);
+        let fine = |_: OutboxEvent| async { Disposition::Ack };
+        assert_eq!(handle_guarded(&fine, sample()).await, Disposition::Ack);
     }
 
     #[test]

@@ -655,7 +655,10 @@ impl KafkaConsumer {
             let (disposition, reason) = match decode_message(&headers_of(&message), message.payload().unwrap_or(&[])) {
                 Ok(event) => {
                     span.record("messaging.message.id", tracing::field::display(event.id));
-                    (handler.handle(event).instrument(span.clone()).await, "the handler parked it".to_owned())
+                    (
+                        crate::broker::handle_guarded(handler, event).instrument(span.clone()).await,
+                        "the handler parked it".to_owned(),
+                    )
                 }
                 Err(error) => (Disposition::Park, format!("no valid outbox envelope: {error}")),
             };

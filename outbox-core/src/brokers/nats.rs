@@ -710,7 +710,7 @@ impl NatsConsumer {
         };
         span.record("messaging.message.id", tracing::field::display(&event.id));
         let id = event.id;
-        let disposition = handler.handle(event).instrument(span.clone()).await;
+        let disposition = crate::broker::handle_guarded(handler, event).instrument(span.clone()).await;
         if disposition == Disposition::Park {
             let _enter = span.enter();
             tracing::warn!(

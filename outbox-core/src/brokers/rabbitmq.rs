@@ -956,7 +956,7 @@ impl RabbitConsumer {
         );
         async {
             let disposition = match decode_message(&headers, &delivery.data) {
-                Ok(event) => handler.handle(event).await,
+                Ok(event) => crate::broker::handle_guarded(handler, event).await,
                 Err(error) => {
                     tracing::warn!(%error, "message has no valid outbox envelope; parking it");
                     return self.nack(&delivery, false).await;

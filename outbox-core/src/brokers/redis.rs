@@ -1060,7 +1060,7 @@ impl RedisConsumer {
             }
         };
         let event_id = event.id;
-        match handler.handle(event).await {
+        match crate::broker::handle_guarded(handler, event).await {
             Disposition::Ack => self.ack(&entry.id).await,
             Disposition::Retry => {
                 tracing::debug!(messaging.message.id = %entry.id, %event_id, deliveries, "handler asked to retry; left pending");
