@@ -228,6 +228,22 @@ where
     }
 }
 
+/// `url` with its user info (user name and password) replaced by `***`, for error messages and logs:
+/// `redis://user:secret@host:6379/0` → `redis://***@host:6379/0`. Works without a scheme too.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let Some((_, host)) = authority.rsplit_once('@') else { return url.to_owned() };
+    match scheme {
+        Some(scheme) => format!("{scheme}://***@{host}{tail}"),
+        None => format!("***@{host}{tail}"),
+    }
+}
+
 /// Runs `handler` on `message`; a panic in the handler is caught, logged and answered with
 /// [`Disposition::Retry`] (its transaction was dropped, so nothing was applied), so a consumer keeps running
 /// and the message is not lost.

@@ -68,7 +68,7 @@ pub async fn flaky_broker_through(lab: &Lab, url: &str, checks: &mut Checks) -> 
     let kind = BrokerKind::from_url(url)?;
     println!(
         "④ twenty orders through {kind:?} at {}; the broker is down three times and four acks are lost:",
-        redact(url)
+        outbox_seaorm::broker::redact_url(url)
     );
     app::reset(&lab.db).await?;
     for i in 1..=20 {
@@ -170,14 +170,6 @@ async fn relay_through<P: Publisher>(lab: &Lab, publisher: P, checks: &mut Check
     println!("   the relay made {} passes; pending afterwards: {}", passes.len(), stats.pending);
     checks.check("the relay drained the outbox through the broker", stats.pending == 0 && stats.dead == 0);
     Ok(())
-}
-
-/// Hides a password in a URL.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}://***@{}", &url[..scheme], &url[at + 1..]),
-        _ => url.to_owned(),
-    }
 }
 
 /// What to remove from the broker afterwards.

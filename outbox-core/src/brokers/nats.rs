@@ -58,6 +58,7 @@ use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::broker::redact_url as redact;
 use crate::broker::{Destination, Disposition, MessageHandler, decode_message, envelope_headers};
 use crate::envelope::{EventId, OutboxEvent};
 use crate::error::{Error, Result};
@@ -93,22 +94,6 @@ fn connect_options() -> async_nats::ConnectOptions {
             Duration::from_millis(100u64.saturating_mul(1 << exp)).min(Duration::from_secs(2))
         }
     })
-}
-
-/// `url` without its user info, for messages and logs.
-fn redact(url: &str) -> String {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (Some(scheme), rest),
-        None => (None, url),
-    };
-    let rest = match rest.rfind('@') {
-        Some(at) => format!("***@{}", &rest[at + 1..]),
-        None => rest.to_owned(),
-    };
-    match scheme {
-        Some(scheme) => format!("{scheme}://{rest}"),
-        None => rest,
-    }
 }
 
 /// Checks `url` is a `nats://` URL (or `tls://`/`ws://`/`wss://`, which async-nats also speaks) and connects.

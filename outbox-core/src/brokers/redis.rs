@@ -58,6 +58,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::broker::redact_url as redact;
 use crate::broker::{Destination, Disposition, MessageHandler, decode_message, envelope_headers};
 use crate::brokers::BrokerKind;
 use crate::envelope::OutboxEvent;
@@ -106,17 +107,6 @@ pub mod dead_field {
 // ---------------------------------------------------------------------------------------------------------
 // Connection
 // ---------------------------------------------------------------------------------------------------------
-
-/// `url` with any password replaced by `***`, for messages and logs.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((_, host)) => format!("{scheme}://***@{host}{tail}"),
-        None => url.to_owned(),
-    }
-}
 
 /// Checks `url` before connecting: a `redis://` or `rediss://` URL with a host that the client accepts.
 fn open_client(url: &str) -> Result<Client> {
