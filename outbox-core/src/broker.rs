@@ -28,8 +28,10 @@ pub mod header {
     pub const AGGREGATE_TYPE: &str = "outbox_aggregate_type";
     /// The payload schema version.
     pub const SCHEMA_VERSION: &str = "outbox_schema_version";
-    /// The outbox sequence number (diagnostics; consumers order by arrival within an aggregate).
+    /// The outbox sequence number (diagnostics).
     pub const SEQ: &str = "outbox_seq";
+    /// The event's gapless position in its aggregate (1, 2, 3, … in commit order).
+    pub const AGGREGATE_VERSION: &str = "outbox_aggregate_version";
 }
 
 /// The envelope of `event` as broker headers, followed by its own headers (`traceparent`, user metadata).
@@ -44,12 +46,13 @@ pub fn envelope_headers(event: &OutboxEvent) -> Vec<(String, String)> {
         (header::AGGREGATE_TYPE.to_owned(), event.aggregate_type.clone()),
         (header::SCHEMA_VERSION.to_owned(), event.schema_version.to_string()),
         (header::SEQ.to_owned(), event.seq.to_string()),
+        (header::AGGREGATE_VERSION.to_owned(), event.aggregate_version.to_string()),
     ];
     headers.extend(event.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
     headers
 }
 
-const ENVELOPE: [&str; 9] = [
+const ENVELOPE: [&str; 10] = [
     header::SPECVERSION,
     header::ID,
     header::TYPE,
@@ -59,6 +62,7 @@ const ENVELOPE: [&str; 9] = [
     header::AGGREGATE_TYPE,
     header::SCHEMA_VERSION,
     header::SEQ,
+    header::AGGREGATE_VERSION,
 ];
 
 /// Rebuilds an [`OutboxEvent`] from received headers and payload bytes. A message without a valid
@@ -85,6 +89,7 @@ pub fn decode_message(headers: &BTreeMap<String, String>, payload: &[u8]) -> Res
         headers.iter().filter(|(k, _)| !ENVELOPE.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
     Ok(OutboxEvent {
         seq: headers.get(header::SEQ).and_then(|s| s.parse().ok()).unwrap_or(0),
+        aggregate_version: headers.get(header::AGGREGATE_VERSION).and_then(|s| s.parse().ok()).unwrap_or(0),
         id,
         aggregate_type: get(header::AGGREGATE_TYPE)?,
         aggregate_id: get(header::SUBJECT)?,
@@ -271,6 +276,7 @@ mod tests {
     fn sample() -> OutboxEvent {
         OutboxEvent {
             seq: 7,
+            aggregate_version: 3,
             id: EventId::new(),
             aggregate_type: "order".into(),
             aggregate_id: "o-1".into(),

@@ -229,8 +229,12 @@ fn check_payload_size(len: usize, max: usize) -> Result<()> {
 /// One outbox row as the relay claimed it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OutboxEvent {
-    /// The store's sequence number: the order of publication within an aggregate.
+    /// The store's sequence number (unique across the outbox; diagnostics).
     pub seq: i64,
+    /// The event's position in its aggregate: 1, 2, 3, … with no gaps, in commit order. Events of an
+    /// aggregate are published in this order; a consumer that sees version `n + 2` after `n` knows `n + 1`
+    /// is still on its way (or was set aside as dead). 0 when unknown (a message from an older producer).
+    pub aggregate_version: i64,
     /// The event id (CloudEvents `id`).
     pub id: EventId,
     /// The aggregate type, e.g. `order`.

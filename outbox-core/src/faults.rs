@@ -81,6 +81,7 @@ mod tests {
         (0..n)
             .map(|i| OutboxEvent {
                 seq: i as i64,
+                aggregate_version: 1,
                 id: EventId::new(),
                 aggregate_type: "order".into(),
                 aggregate_id: format!("o{i}"),

@@ -21,6 +21,9 @@ pub struct RelayPass {
     pub failed: u64,
     /// Rows that failed for the last time and are now dead.
     pub dead: u64,
+    /// Rows claimed but not tried because an earlier event of their aggregate failed in this pass (or the
+    /// pass reached `publish_timeout`); they go out after it, never before.
+    pub released: u64,
     /// Rows whose lease another relay took over before this one marked them (lease mode).
     pub fenced: u64,
 }
@@ -84,15 +87,16 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         if claimed == 0 {
             return Ok(RelayPass::default());
         }
-        let results = self.publish(batch.events()).await;
-        let outcome = self.outcome(now, batch.events(), results);
+        let outcome = self.publish_runs(now, batch.events()).await;
         let dead = outcome.failed.iter().filter(|f| f.dead).count() as u64;
+        let released = outcome.released.len() as u64;
         let report = batch.complete(outcome).await?;
         let pass = RelayPass {
             claimed,
             published: report.published,
             failed: report.failed.saturating_sub(dead),
             dead,
+            released,
             fenced: report.fenced,
         };
         tracing::debug!(?pass, "relay pass done");
@@ -137,8 +141,52 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
     }
 
-    async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), PublishError>> {
-        match tokio::time::timeout(self.config.publish_timeout, self.publisher.publish(events)).await {
+    /// Publishes the claimed runs in *waves*: wave `k` holds the `k`-th event of every run still going, so a
+    /// publish call never carries two events of one aggregate (the [`Publisher`] contract) and an event is
+    /// sent only after the broker confirmed the previous event of its aggregate. The first failure in a run
+    /// stops it; its later events are released. All waves together get `publish_timeout`.
+    async fn publish_runs(&self, now: DateTime<Utc>, events: &[OutboxEvent]) -> BatchOutcome {
+        let mut outcome = BatchOutcome { now, ..BatchOutcome::default() };
+        let deadline = tokio::time::Instant::now() + self.config.publish_timeout;
+        let mut runs: Vec<std::collections::VecDeque<&OutboxEvent>> = group_runs(events);
+        while !runs.is_empty() {
+            let wave: Vec<OutboxEvent> = runs.iter_mut().filter_map(|run| run.pop_front().cloned()).collect();
+            let results = self.publish_wave(&wave, deadline).await;
+            let mut still_going = Vec::with_capacity(runs.len());
+            for ((event, result), run) in wave.iter().zip(results).zip(runs) {
+                match result {
+                    Ok(()) => {
+                        outcome.published.push(event.seq);
+                        if !run.is_empty() {
+                            still_going.push(run);
+                        }
+                    }
+                    Err(error) => {
+                        outcome.failed.push(self.failure(now, event, &error));
+                        outcome.released.extend(run.iter().map(|e| e.seq));
+                    }
+                }
+            }
+            runs = still_going;
+            if tokio::time::Instant::now() >= deadline && !runs.is_empty() {
+                tracing::warn!(
+                    timeout = ?self.config.publish_timeout,
+                    "publish_timeout reached within a pass; the rest of its runs is released"
+                );
+                outcome.released.extend(runs.iter().flatten().map(|e| e.seq));
+                break;
+            }
+        }
+        outcome
+    }
+
+    /// One publish call, bounded by the pass's deadline, with exactly one result per event.
+    async fn publish_wave(
+        &self,
+        events: &[OutboxEvent],
+        deadline: tokio::time::Instant,
+    ) -> Vec<Result<(), PublishError>> {
+        match tokio::time::timeout_at(deadline, self.publisher.publish(events)).await {
             Ok(mut results) => {
                 if results.len() != events.len() {
                     tracing::error!(
@@ -162,31 +210,30 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         }
     }
 
-    fn outcome(
-        &self,
-        now: DateTime<Utc>,
-        events: &[OutboxEvent],
-        results: Vec<Result<(), PublishError>>,
-    ) -> BatchOutcome {
-        let mut outcome = BatchOutcome { now, ..BatchOutcome::default() };
-        for (event, result) in events.iter().zip(results) {
-            match result {
-                Ok(()) => outcome.published.push(event.seq),
-                Err(error) => {
-                    let attempts = event.attempts.saturating_add(1);
-                    let dead = error.is_permanent() || attempts >= self.config.max_attempts;
-                    let delay = self.config.backoff.delay(attempts);
-                    let next_attempt_at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
-                    tracing::debug!(event_id = %event.id, attempts, dead, %error, "publish failed");
-                    outcome.failed.push(Failure {
-                        seq: event.seq,
-                        error: error.message().to_owned(),
-                        next_attempt_at,
-                        dead,
-                    });
-                }
-            }
-        }
-        outcome
+    fn failure(&self, now: DateTime<Utc>, event: &OutboxEvent, error: &PublishError) -> Failure {
+        let attempts = event.attempts.saturating_add(1);
+        let dead = error.is_permanent() || attempts >= self.config.max_attempts;
+        let delay = self.config.backoff.delay(attempts);
+        let next_attempt_at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+        tracing::debug!(event_id = %event.id, attempts, dead, %error, "publish failed");
+        Failure { seq: event.seq, error: error.message().to_owned(), next_attempt_at, dead }
     }
+}
+
+/// The claimed events as runs, one per aggregate, each in version order, runs in order of first appearance.
+fn group_runs(events: &[OutboxEvent]) -> Vec<std::collections::VecDeque<&OutboxEvent>> {
+    let mut index: std::collections::HashMap<(&str, &str), usize> = std::collections::HashMap::new();
+    let mut runs: Vec<std::collections::VecDeque<&OutboxEvent>> = Vec::new();
+    for event in events {
+        let key = (event.aggregate_type.as_str(), event.aggregate_id.as_str());
+        let slot = *index.entry(key).or_insert_with(|| {
+            runs.push(std::collections::VecDeque::new());
+            runs.len() - 1
+        });
+        runs[slot].push_back(event);
+    }
+    for run in &mut runs {
+        run.make_contiguous().sort_by_key(|e| (e.aggregate_version, e.seq));
+    }
+    runs
 }

@@ -44,6 +44,9 @@ pub struct BatchOutcome {
     pub published: Vec<i64>,
     /// Rows the broker did not confirm.
     pub failed: Vec<Failure>,
+    /// Rows not published in this pass because an earlier event of their run failed (or the pass ran out
+    /// of time): neither published nor failed, free to be claimed again once their run's head is.
+    pub released: Vec<i64>,
 }
 
 /// What a store wrote when completing a batch.
@@ -62,7 +65,9 @@ pub struct MarkReport {
 /// Dropping a batch without completing it releases the claim: the transaction rolls back, or the lease
 /// expires. Either way the rows are published again later, never lost.
 pub trait ClaimedBatch: Send {
-    /// The claimed rows in sequence order; at most one per aggregate.
+    /// The claimed rows: for each aggregate a *run*, its oldest unpublished event and the due events
+    /// after it, consecutive in `aggregate_version` and in that order. Runs of different aggregates may
+    /// interleave; within an aggregate the slice is in version order.
     fn events(&self) -> &[OutboxEvent];
 
     /// Records the outcome with set-based statements (one per kind of outcome, split only for very large
@@ -89,8 +94,9 @@ pub trait OutboxStore: Send + Sync {
     /// The claim handed back by [`OutboxStore::claim`].
     type Batch: ClaimedBatch;
 
-    /// Claims up to `request.limit` due rows, each the oldest unpublished row of its aggregate, skipping
-    /// rows another relay holds.
+    /// Claims up to `request.limit` due rows as runs (see [`ClaimedBatch::events`]), skipping aggregates
+    /// another relay holds. No row is claimed while an earlier row of its aggregate is unpublished (dead
+    /// ones aside under [`DeadLetterPolicy::SkipDead`]).
     fn claim(&self, request: ClaimRequest) -> impl Future<Output = Result<Self::Batch>> + Send;
 
     /// Current backlog figures.

@@ -1,13 +1,21 @@
 //! Writing events: `enqueue` joins whatever transaction the caller holds.
+//!
+//! Each write first upserts the `outbox_aggregates` row of every aggregate it touches, which hands out the
+//! next gapless `aggregate_version`s and keeps that row locked until the caller commits. Two transactions
+//! writing one aggregate therefore commit in version order, and the relay publishes in version order: the
+//! first deliveries of an aggregate follow the order in which its events committed, whoever wrote them.
+//! The lock is taken in aggregate-key order within one call; a transaction that enqueues into several
+//! aggregates in several calls should keep a consistent order (or emit them together) to avoid deadlocks.
+
+use std::collections::BTreeMap;
 
 use chrono::Utc;
-use sea_orm::sea_query::{Alias, Expr, ExprTrait, InsertStatement, Query, SimpleExpr};
-use sea_orm::{ConnectionTrait, DbBackend};
+use sea_orm::{ConnectionTrait, DbBackend, DbErr};
 
 use outbox_core::{EventId, NewEvent};
 
-use crate::entity::outbox_event::{Column, Entity};
 use crate::error::{Result, store_error};
+use crate::sql::{Sql, any_aggregate};
 
 /// Inserts `event` into the outbox through `conn`.
 ///
@@ -19,70 +27,182 @@ pub async fn enqueue<C: ConnectionTrait>(conn: &C, event: &NewEvent) -> Result<E
     Ok(event.id())
 }
 
-/// Most rows per `INSERT`: each row binds 10 values, and every backend caps the values one statement may
-/// bind (SQLite 32766, PostgreSQL and MySQL 65535), so a large `events` slice is split.
-const ROWS_PER_INSERT: usize = 1000;
+/// Most events per round of statements: each event binds 9 values, and every backend caps the values one
+/// statement may bind (SQLite 32766, PostgreSQL and MySQL 65535), so a large `events` slice is split.
+const EVENTS_PER_CHUNK: usize = 1000;
 
-/// Inserts `events`, in order, with one multi-row `INSERT` per 1000 events.
+/// Inserts `events`, in order: per 1000 events, one statement on PostgreSQL, three on MySQL and SQLite.
 ///
-/// More than 1000 events take several statements, in order; pass a transaction to make them all-or-nothing.
+/// Chunks are written one after the other, so the extra memory is one chunk's statement whatever the
+/// slice's length. Pass a transaction to make them all-or-nothing.
 pub async fn enqueue_all<C: ConnectionTrait>(conn: &C, events: &[NewEvent]) -> Result<Vec<EventId>> {
     let backend = conn.get_database_backend();
     let now_ms = Utc::now().timestamp_millis();
-    // Build every statement before writing any, so a bad event writes nothing.
-    let inserts = events
-        .chunks(ROWS_PER_INSERT)
-        .map(|chunk| insert_statement(backend, chunk, now_ms))
-        .collect::<Result<Vec<_>>>()?;
-    for insert in &inserts {
-        conn.execute(insert).await.map_err(|e| store_error("enqueue events", "outbox_events", backend, e))?;
+    for chunk in events.chunks(EVENTS_PER_CHUNK) {
+        let rows = Rows::of(chunk)?;
+        let written = match backend {
+            DbBackend::Postgres => write_postgres(conn, &rows, now_ms).await,
+            _ => write_portable(conn, &rows, now_ms).await,
+        };
+        written.map_err(|e| store_error("enqueue events", "outbox_events", backend, e))?;
     }
     Ok(events.iter().map(NewEvent::id).collect())
 }
 
-/// One multi-row `INSERT` of `events` (not empty).
-fn insert_statement(backend: DbBackend, events: &[NewEvent], now_ms: i64) -> Result<InsertStatement> {
-    let mut insert = Query::insert();
-    insert.into_table(Entity).columns([
-        Column::EventId,
-        Column::AggregateType,
-        Column::AggregateId,
-        Column::EventType,
-        Column::SchemaVersion,
-        Column::Payload,
-        Column::Headers,
-        Column::CreatedAtMs,
-        Column::Attempts,
-        Column::NextAttemptAtMs,
-    ]);
-    for event in events {
-        let headers = serde_json::to_string(event.headers())
-            .map_err(|source| outbox_core::Error::Serialize { event_type: event.event_type().to_owned(), source })?;
-        insert
-            .values([
-                event.id().to_string().into(),
-                event.aggregate_type().into(),
-                event.aggregate_id().into(),
-                event.event_type().into(),
-                event.schema_version().into(),
-                json_text(backend, event.payload_json().to_owned()),
-                json_text(backend, headers),
-                now_ms.into(),
-                0i32.into(),
-                now_ms.into(),
-            ])
-            .map_err(|e| {
-                store_error("build an insert", "outbox_events", backend, sea_orm::DbErr::Custom(e.to_string()))
-            })?;
-    }
-    Ok(insert)
+/// One chunk, ready to bind: each event with its 1-based position among this chunk's events of its
+/// aggregate, and how many events each aggregate gets (in key order, the order rows are locked in).
+struct Rows<'e> {
+    events: Vec<(&'e NewEvent, i64, String)>,
+    counts: BTreeMap<(&'e str, &'e str), i64>,
 }
 
-/// JSON text bound as a value of the column's JSON type: PostgreSQL needs an explicit `jsonb` cast; MySQL
-/// and SQLite take the text as is. The payload is never parsed again.
-fn json_text(backend: DbBackend, json: String) -> SimpleExpr {
-    match backend {
-        DbBackend::Postgres => Expr::val(json).cast_as(Alias::new("jsonb")),
-        _ => Expr::val(json),
+impl<'e> Rows<'e> {
+    fn of(chunk: &'e [NewEvent]) -> Result<Self> {
+        let mut counts: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+        let mut events = Vec::with_capacity(chunk.len());
+        for event in chunk {
+            let n = counts.entry((event.aggregate_type(), event.aggregate_id())).or_insert(0);
+            *n += 1;
+            let headers = serde_json::to_string(event.headers()).map_err(|source| outbox_core::Error::Serialize {
+                event_type: event.event_type().to_owned(),
+                source,
+            })?;
+            events.push((event, *n, headers));
+        }
+        Ok(Rows { events, counts })
     }
+}
+
+/// `INSERT INTO outbox_events (…)` with the columns every backend writes.
+const INSERT_EVENTS: &str = "INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, aggregate_version, \
+    event_type, schema_version, payload, headers, created_at_ms, attempts, next_attempt_at_ms) ";
+
+/// PostgreSQL: the upsert and the insert in one statement (a data-modifying CTE), one round trip.
+async fn write_postgres<C: ConnectionTrait>(conn: &C, rows: &Rows<'_>, now_ms: i64) -> std::result::Result<(), DbErr> {
+    let mut sql = Sql::new(DbBackend::Postgres);
+    sql.push("WITH counts (aggregate_type, aggregate_id, n) AS (VALUES ");
+    sql.join(&rows.counts, ", ", |sql, ((aggregate_type, aggregate_id), n)| {
+        sql.push("(").bind(*aggregate_type).push(", ").bind(*aggregate_id).push(", ").bind(*n).push("::bigint)");
+    });
+    sql.push(
+        "), bumped AS (INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_version, due_at_ms) \
+         SELECT aggregate_type, aggregate_id, n, ",
+    )
+    .bind(now_ms)
+    .push(
+        " FROM counts ORDER BY aggregate_type, aggregate_id \
+         ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
+         SET last_version = outbox_aggregates.last_version + EXCLUDED.last_version, \
+         due_at_ms = COALESCE(outbox_aggregates.due_at_ms, EXCLUDED.due_at_ms) \
+         RETURNING aggregate_type, aggregate_id, last_version) ",
+    )
+    .push(INSERT_EVENTS)
+    .push(
+        "SELECT v.event_id, v.aggregate_type, v.aggregate_id, b.last_version - c.n + v.ord, v.event_type, \
+         v.schema_version, v.payload::jsonb, v.headers::jsonb, v.at, 0, v.at \
+         FROM (VALUES ",
+    );
+    sql.join(rows.events.iter().enumerate(), ", ", |sql, (position, (event, ord, headers))| {
+        sql.push("(")
+            .bind(position as i64)
+            .push("::bigint, ")
+            .bind(event.id().to_string())
+            .push(", ")
+            .bind(event.aggregate_type())
+            .push(", ")
+            .bind(event.aggregate_id())
+            .push(", ")
+            .bind(*ord)
+            .push("::bigint, ")
+            .bind(event.event_type())
+            .push(", ")
+            .bind(event.schema_version())
+            .push("::int, ")
+            .bind(event.payload_json())
+            .push(", ")
+            .bind(headers.as_str())
+            .push(", ")
+            .bind(now_ms)
+            .push("::bigint)");
+    });
+    sql.push(
+        ") AS v (position, event_id, aggregate_type, aggregate_id, ord, event_type, schema_version, payload, headers, at) \
+         JOIN bumped b USING (aggregate_type, aggregate_id) JOIN counts c USING (aggregate_type, aggregate_id) \
+         ORDER BY v.position",
+    );
+    conn.execute_raw(sql.build()).await?;
+    Ok(())
+}
+
+/// MySQL/MariaDB and SQLite: upsert the aggregates, read back their versions (a transaction sees its
+/// own writes), insert the events.
+async fn write_portable<C: ConnectionTrait>(conn: &C, rows: &Rows<'_>, now_ms: i64) -> std::result::Result<(), DbErr> {
+    let backend = conn.get_database_backend();
+    let mut upsert = Sql::new(backend);
+    upsert.push("INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_version, due_at_ms) VALUES ");
+    upsert.join(&rows.counts, ", ", |sql, ((aggregate_type, aggregate_id), n)| {
+        sql.push("(").bind(*aggregate_type).push(", ").bind(*aggregate_id).push(", ").bind(*n).push(", ").bind(now_ms);
+        sql.push(")");
+    });
+    upsert.push(match backend {
+        DbBackend::MySql => {
+            " ON DUPLICATE KEY UPDATE last_version = last_version + VALUES(last_version), \
+             due_at_ms = COALESCE(due_at_ms, VALUES(due_at_ms))"
+        }
+        _ => {
+            " ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
+             SET last_version = last_version + excluded.last_version, \
+             due_at_ms = COALESCE(due_at_ms, excluded.due_at_ms)"
+        }
+    });
+    conn.execute_raw(upsert.build()).await?;
+
+    let mut read = Sql::new(backend);
+    read.push("SELECT aggregate_type, aggregate_id, last_version FROM outbox_aggregates WHERE ");
+    any_aggregate(&mut read, "", rows.counts.keys().copied());
+    let mut last: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for row in conn.query_all_raw(read.build()).await? {
+        last.insert(
+            (row.try_get("", "aggregate_type")?, row.try_get("", "aggregate_id")?),
+            row.try_get("", "last_version")?,
+        );
+    }
+
+    let mut insert = Sql::new(backend);
+    insert.push(INSERT_EVENTS).push("VALUES ");
+    let mut failed = None;
+    insert.join(&rows.events, ", ", |sql, (event, ord, headers)| {
+        let key = (event.aggregate_type().to_owned(), event.aggregate_id().to_owned());
+        let n = rows.counts[&(event.aggregate_type(), event.aggregate_id())];
+        let Some(last_version) = last.get(&key) else {
+            failed = Some(DbErr::RecordNotFound(format!("outbox_aggregates row of {}/{}", key.0, key.1)));
+            return;
+        };
+        sql.push("(")
+            .bind(event.id().to_string())
+            .push(", ")
+            .bind(event.aggregate_type())
+            .push(", ")
+            .bind(event.aggregate_id())
+            .push(", ")
+            .bind(last_version - n + ord)
+            .push(", ")
+            .bind(event.event_type())
+            .push(", ")
+            .bind(event.schema_version())
+            .push(", ")
+            .bind(event.payload_json())
+            .push(", ")
+            .bind(headers.as_str())
+            .push(", ")
+            .bind(now_ms)
+            .push(", 0, ")
+            .bind(now_ms)
+            .push(")");
+    });
+    if let Some(error) = failed {
+        return Err(error);
+    }
+    conn.execute_raw(insert.build()).await?;
+    Ok(())
 }

@@ -51,6 +51,7 @@ pub mod entity;
 mod error;
 mod inbox;
 pub mod migration;
+mod sql;
 mod store;
 
 #[doc(hidden)]

@@ -11,7 +11,11 @@ use crate::error::{Result, store_error};
 
 /// The migrations of this crate, oldest first, for an application's own `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-    vec![Box::new(m20261129_000001_create_outbox::Migration), Box::new(m20261129_000002_create_inbox::Migration)]
+    vec![
+        Box::new(m20261129_000001_create_outbox::Migration),
+        Box::new(m20261129_000002_create_inbox::Migration),
+        Box::new(m20261201_000003_aggregate_versions::Migration),
+    ]
 }
 
 /// A migrator with its own bookkeeping table, for applications without a `Migrator`.
@@ -48,6 +52,7 @@ enum OutboxEvents {
     EventId,
     AggregateType,
     AggregateId,
+    AggregateVersion,
     EventType,
     SchemaVersion,
     Payload,
@@ -60,6 +65,15 @@ enum OutboxEvents {
     DeadAtMs,
     LeaseToken,
     LeaseUntilMs,
+}
+
+#[derive(DeriveIden)]
+enum OutboxAggregates {
+    Table,
+    AggregateType,
+    AggregateId,
+    LastVersion,
+    DueAtMs,
 }
 
 #[derive(DeriveIden)]
@@ -165,6 +179,109 @@ pub mod m20261129_000002_create_inbox {
 
         async fn down(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
             manager.drop_table(Table::drop().table(InboxMessages::Table).to_owned()).await
+        }
+    }
+}
+
+/// Adds per-aggregate versions and the `outbox_aggregates` table the relay claims runs through.
+///
+/// Existing rows get versions 1, 2, 3, … per aggregate in `seq` order, and every aggregate a row, so a
+/// backlog enqueued before the upgrade drains as before.
+#[allow(non_camel_case_types)]
+pub mod m20261201_000003_aggregate_versions {
+    use super::*;
+
+    /// The migration.
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m20261201_000003_aggregate_versions"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            manager
+                .create_table(
+                    Table::create()
+                        .table(OutboxAggregates::Table)
+                        .col(ColumnDef::new(OutboxAggregates::AggregateType).string_len(64).not_null())
+                        .col(ColumnDef::new(OutboxAggregates::AggregateId).string_len(128).not_null())
+                        .col(ColumnDef::new(OutboxAggregates::LastVersion).big_integer().not_null())
+                        .col(ColumnDef::new(OutboxAggregates::DueAtMs).big_integer().null())
+                        .primary_key(
+                            Index::create().col(OutboxAggregates::AggregateType).col(OutboxAggregates::AggregateId),
+                        )
+                        .to_owned(),
+                )
+                .await?;
+            manager
+                .alter_table(
+                    Table::alter()
+                        .table(OutboxEvents::Table)
+                        .add_column(ColumnDef::new(OutboxEvents::AggregateVersion).big_integer().not_null().default(0))
+                        .to_owned(),
+                )
+                .await?;
+            let numbered = "SELECT seq, ROW_NUMBER() OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY seq) AS v FROM outbox_events";
+            let backfill = match manager.get_database_backend() {
+                DbBackend::MySql => {
+                    format!("UPDATE outbox_events e JOIN ({numbered}) r ON e.seq = r.seq SET e.aggregate_version = r.v")
+                }
+                DbBackend::Postgres => format!(
+                    "UPDATE outbox_events e SET aggregate_version = r.v FROM ({numbered}) r WHERE e.seq = r.seq"
+                ),
+                _ => format!(
+                    "UPDATE outbox_events SET aggregate_version = r.v FROM ({numbered}) AS r WHERE outbox_events.seq = r.seq"
+                ),
+            };
+            let aggregates = "INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_version, due_at_ms) \
+                SELECT aggregate_type, aggregate_id, MAX(aggregate_version), \
+                MIN(CASE WHEN published_at_ms IS NULL THEN next_attempt_at_ms END) \
+                FROM outbox_events GROUP BY aggregate_type, aggregate_id";
+            execute_all(manager, &[backfill.as_str(), aggregates]).await?;
+            // `outbox_events_version`: one row per version, and the point lookups of the relay's hints.
+            // `outbox_events_runs`: an aggregate's pending events in version order (its head first).
+            // `outbox_aggregates_due`: aggregates with work, soonest first.
+            let indexes: &[&str] = match manager.get_database_backend() {
+                DbBackend::MySql => &[
+                    "DROP INDEX outbox_events_aggregate ON outbox_events",
+                    "CREATE UNIQUE INDEX outbox_events_version ON outbox_events (aggregate_type, aggregate_id, aggregate_version)",
+                    "CREATE INDEX outbox_events_runs ON outbox_events (aggregate_type, aggregate_id, published_at_ms, aggregate_version)",
+                    "CREATE INDEX outbox_aggregates_due ON outbox_aggregates (due_at_ms, aggregate_type, aggregate_id)",
+                ],
+                _ => &[
+                    "DROP INDEX outbox_events_aggregate",
+                    "CREATE UNIQUE INDEX outbox_events_version ON outbox_events (aggregate_type, aggregate_id, aggregate_version)",
+                    "CREATE INDEX outbox_events_runs ON outbox_events (aggregate_type, aggregate_id, aggregate_version) WHERE published_at_ms IS NULL",
+                    "CREATE INDEX outbox_aggregates_due ON outbox_aggregates (due_at_ms, aggregate_type, aggregate_id) WHERE due_at_ms IS NOT NULL",
+                ],
+            };
+            execute_all(manager, indexes).await
+        }
+
+        async fn down(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            manager.drop_table(Table::drop().table(OutboxAggregates::Table).to_owned()).await?;
+            let statements: &[&str] = match manager.get_database_backend() {
+                DbBackend::MySql => &[
+                    "DROP INDEX outbox_events_runs ON outbox_events",
+                    "DROP INDEX outbox_events_version ON outbox_events",
+                    "CREATE INDEX outbox_events_aggregate ON outbox_events (aggregate_type, aggregate_id, published_at_ms, seq)",
+                ],
+                _ => &[
+                    "DROP INDEX outbox_events_runs",
+                    "DROP INDEX outbox_events_version",
+                    "CREATE INDEX outbox_events_aggregate ON outbox_events (aggregate_type, aggregate_id, seq) WHERE published_at_ms IS NULL",
+                ],
+            };
+            execute_all(manager, statements).await?;
+            manager
+                .alter_table(
+                    Table::alter().table(OutboxEvents::Table).drop_column(OutboxEvents::AggregateVersion).to_owned(),
+                )
+                .await
         }
     }
 }

@@ -540,6 +540,7 @@ async fn an_oversized_payload_or_a_non_stream_key_is_a_dead_row_with_a_clear_err
     let publisher = RedisPublisher::connect_with(REDIS_URL, streams.destination(), config).await.expect("publisher");
     let event = OutboxEvent {
         seq: 1,
+        aggregate_version: 1,
         id: EventId::new(),
         aggregate_type: "parcel".into(),
         aggregate_id: "r1".into(),

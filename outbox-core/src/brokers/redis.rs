@@ -1137,6 +1137,7 @@ mod tests {
     fn entries_round_trip_and_the_last_payload_field_wins() {
         let event = OutboxEvent {
             seq: 3,
+            aggregate_version: 1,
             id: crate::EventId::new(),
             aggregate_type: "order".into(),
             aggregate_id: "o-1".into(),

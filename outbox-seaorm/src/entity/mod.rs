@@ -4,4 +4,5 @@
 //! PostgreSQL, MySQL (whose `TIMESTAMP` keeps whole seconds) and SQLite (which has no time type).
 
 pub mod inbox_message;
+pub mod outbox_aggregate;
 pub mod outbox_event;

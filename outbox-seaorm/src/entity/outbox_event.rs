@@ -6,7 +6,7 @@ use sea_orm::entity::prelude::*;
 #[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
 #[sea_orm(table_name = "outbox_events")]
 pub struct Model {
-    /// Orders publication within an aggregate; assigned by the database.
+    /// Unique row number, assigned by the database.
     #[sea_orm(primary_key)]
     pub seq: i64,
     /// The event id (UUID text); brokers' dedup id and consumers' inbox key.
@@ -16,6 +16,9 @@ pub struct Model {
     pub aggregate_type: String,
     /// The aggregate id.
     pub aggregate_id: String,
+    /// The event's gapless position in its aggregate (1, 2, 3, … in commit order), handed out by
+    /// [`outbox_aggregate`](super::outbox_aggregate) in the enqueuing transaction.
+    pub aggregate_version: i64,
     /// The stable event name, e.g. `order.placed`.
     pub event_type: String,
     /// The payload schema version.

@@ -1,35 +1,32 @@
 //! The relay's store on SeaORM: claim, mark, stats, cleanup and replay on PostgreSQL, MySQL/MariaDB and
 //! SQLite.
 //!
-//! # How a claim keeps per-aggregate order
-//! A row is claimable only if it is the *head* of its aggregate: no earlier row of the same aggregate is
-//! unpublished (earlier dead rows are ignored under [`DeadLetterPolicy::SkipDead`]). A relay can only reach
-//! an aggregate through its head, and the head is locked (`FOR UPDATE SKIP LOCKED`) or leased by whoever
-//! claimed it, so no other relay publishes a later event of that aggregate meanwhile.
-//!
-//! - PostgreSQL: one `SELECT … NOT EXISTS … FOR UPDATE SKIP LOCKED` (sub-selects are not locked).
-//! - MySQL/MariaDB: a plain read finds the heads, then `SELECT … WHERE seq IN (…) FOR UPDATE SKIP LOCKED`
-//!   locks them by primary key, which takes no gap locks, so enqueues never wait on a relay.
-//! - SQLite: no row locks; the claim runs in a `BEGIN IMMEDIATE` transaction, so relays take turns.
+//! A claim takes *runs* (an aggregate's oldest unpublished event and the due events after it) through the
+//! `outbox_aggregates` table, so its cost depends on the batch, not on the backlog: see [`claim`] for the
+//! statements and why an event is never published while an earlier one of its aggregate is unpublished.
+//! A mark records each outcome with set-based statements and writes back the aggregates' hints
+//! ([`hints`]).
+
+mod claim;
+mod hints;
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::extension::mysql::{IndexHintScope, MySqlSelectStatementExt};
-use sea_orm::sea_query::{
-    Alias, CaseStatement, Cond, Expr, ExprTrait, LockBehavior, LockType, Order, Query, SelectStatement, SimpleExpr,
-    UpdateStatement,
-};
+use sea_orm::sea_query::{Alias, CaseStatement, Cond, Expr, ExprTrait, Order, Query, UpdateStatement};
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, QueryResult, SqliteTransactionMode,
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, SqliteTransactionMode,
     TransactionOptions, TransactionTrait,
 };
 use uuid::Uuid;
 
 use outbox_core::{
-    BatchOutcome, ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, EventId, Headers, MarkReport, OutboxEvent,
-    OutboxStats, OutboxStore,
+    BatchOutcome, ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, MarkReport, OutboxEvent, OutboxStats,
+    OutboxStore,
 };
+
+use claim::Claimed;
+use hints::Hint;
 
 use crate::entity::outbox_event::{Column, Entity};
 use crate::error::{Error, Result, store_error};
@@ -77,139 +74,6 @@ impl SeaOrmStore {
     }
 }
 
-/// Columns read for a claim; the payload comes back as JSON text, never decoded.
-fn select_claim_columns(query: &mut SelectStatement, backend: DbBackend, table: Option<&Alias>) {
-    let col = |c: Column| match table {
-        Some(t) => Expr::col((t.clone(), c)),
-        None => Expr::col(c),
-    };
-    for c in [
-        Column::Seq,
-        Column::EventId,
-        Column::AggregateType,
-        Column::AggregateId,
-        Column::EventType,
-        Column::SchemaVersion,
-        Column::CreatedAtMs,
-        Column::Attempts,
-        Column::LastError,
-    ] {
-        query.expr_as(col(c), c);
-    }
-    for c in [Column::Payload, Column::Headers] {
-        let text: SimpleExpr = match backend {
-            DbBackend::Postgres => col(c).cast_as(Alias::new("text")),
-            DbBackend::MySql => col(c).cast_as(Alias::new("char")),
-            _ => col(c),
-        };
-        query.expr_as(text, c);
-    }
-}
-
-/// Due, unpublished, not dead, not leased to another relay.
-fn claimable(table: &Alias, now_ms: i64) -> Cond {
-    let col = |c: Column| Expr::col((table.clone(), c));
-    Cond::all()
-        .add(col(Column::PublishedAtMs).is_null())
-        .add(col(Column::DeadAtMs).is_null())
-        .add(col(Column::NextAttemptAtMs).lte(now_ms))
-        .add(Cond::any().add(col(Column::LeaseUntilMs).is_null()).add(col(Column::LeaseUntilMs).lte(now_ms)))
-}
-
-/// No earlier unpublished row of the same aggregate (dead ones aside under `SkipDead`).
-fn is_head(outer: &Alias, policy: DeadLetterPolicy) -> SimpleExpr {
-    let earlier = Alias::new("earlier");
-    let mut sub = Query::select();
-    sub.expr(Expr::val(1))
-        .from_as(Entity, earlier.clone())
-        .and_where(Expr::col((earlier.clone(), Column::AggregateType)).equals((outer.clone(), Column::AggregateType)))
-        .and_where(Expr::col((earlier.clone(), Column::AggregateId)).equals((outer.clone(), Column::AggregateId)))
-        .and_where(Expr::col((earlier.clone(), Column::PublishedAtMs)).is_null())
-        .and_where(Expr::col((earlier.clone(), Column::Seq)).lt(Expr::col((outer.clone(), Column::Seq))));
-    if policy == DeadLetterPolicy::SkipDead {
-        sub.and_where(Expr::col((earlier, Column::DeadAtMs)).is_null());
-    }
-    Expr::exists(sub).not()
-}
-
-fn decode_row(row: &QueryResult) -> std::result::Result<OutboxEvent, DbErr> {
-    let id: String = row.try_get("", "event_id")?;
-    let headers: String = row.try_get("", "headers")?;
-    let created_at_ms: i64 = row.try_get("", "created_at_ms")?;
-    Ok(OutboxEvent {
-        seq: row.try_get("", "seq")?,
-        id: id.parse::<EventId>().map_err(|e| DbErr::Type(e.to_string()))?,
-        aggregate_type: row.try_get("", "aggregate_type")?,
-        aggregate_id: row.try_get("", "aggregate_id")?,
-        event_type: row.try_get("", "event_type")?,
-        schema_version: row.try_get("", "schema_version")?,
-        payload: row.try_get("", "payload")?,
-        headers: serde_json::from_str::<Headers>(&headers)
-            .map_err(|e| DbErr::Type(format!("headers of event {id} are not a string map: {e}")))?,
-        created_at: DateTime::from_timestamp_millis(created_at_ms).unwrap_or_default(),
-        attempts: row.try_get("", "attempts")?,
-        last_error: row.try_get("", "last_error")?,
-    })
-}
-
-/// Selects and locks up to `limit` heads inside `txn`.
-async fn claim_heads(
-    txn: &DatabaseTransaction,
-    request: &ClaimRequest,
-) -> std::result::Result<Vec<OutboxEvent>, DbErr> {
-    let backend = txn.get_database_backend();
-    let now_ms = request.now.timestamp_millis();
-    let o = Alias::new("o");
-    let mut heads = Query::select();
-    heads
-        .from_as(Entity, o.clone())
-        .cond_where(claimable(&o, now_ms))
-        .and_where(is_head(&o, request.dead_letters))
-        .order_by((o.clone(), Column::Seq), Order::Asc)
-        .limit(u64::from(request.limit));
-    let rows = match backend {
-        DbBackend::MySql => {
-            // A plain read finds the heads; locking them by primary key takes no gap locks.
-            heads.column((o.clone(), Column::Seq));
-            let seqs: Vec<i64> =
-                txn.query_all(&heads).await?.iter().map(|r| r.try_get::<i64>("", "seq")).collect::<Result<_, _>>()?;
-            if seqs.is_empty() {
-                return Ok(Vec::new());
-            }
-            let mut lock = Query::select();
-            select_claim_columns(&mut lock, backend, Some(&o));
-            lock.from_as(Entity, o.clone());
-            // Left to itself, MariaDB reads these rows through `outbox_events_pending (published_at_ms, seq)`
-            // (it matches `published_at_ms IS NULL`), and a locking read through a secondary index takes
-            // next-key (gap) locks there: every enqueue, and every other relay's mark, then waits for this
-            // claim (up to innodb_lock_wait_timeout). Forcing the primary key makes it point lookups, which
-            // lock only the claimed rows.
-            lock.force_index(Alias::new("PRIMARY"), IndexHintScope::All)
-                .and_where(Expr::col((o.clone(), Column::Seq)).is_in(seqs))
-                .cond_where(claimable(&o, now_ms))
-                .order_by((o.clone(), Column::Seq), Order::Asc)
-                .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-            txn.query_all(&lock).await?
-        }
-        DbBackend::Postgres => {
-            // The claim must walk `outbox_events_pending` in `seq` order and stop after `limit` heads. Right
-            // after a burst of enqueues or publishes the statistics lag, the planner takes the pending rows
-            // for rare and picks a bitmap scan that anti-joins and sorts *every* pending row (measured: 148 ms
-            // instead of 24 ms per 1000-row claim with 50k rows pending). Both settings last only for this
-            // transaction.
-            txn.execute_unprepared("SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off").await?;
-            select_claim_columns(&mut heads, backend, Some(&o));
-            heads.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-            txn.query_all(&heads).await?
-        }
-        _ => {
-            select_claim_columns(&mut heads, backend, Some(&o));
-            txn.query_all(&heads).await?
-        }
-    };
-    rows.iter().map(decode_row).collect()
-}
-
 fn seqs_of(events: &[OutboxEvent]) -> Vec<i64> {
     events.iter().map(|e| e.seq).collect()
 }
@@ -217,6 +81,9 @@ fn seqs_of(events: &[OutboxEvent]) -> Vec<i64> {
 /// The claim a relay holds while it publishes.
 pub struct SeaOrmBatch {
     events: Vec<OutboxEvent>,
+    /// What the claim learned about aggregates it could not take.
+    hints: Vec<Hint>,
+    dead_letters: DeadLetterPolicy,
     hold: Hold,
 }
 
@@ -240,10 +107,16 @@ impl OutboxStore for SeaOrmStore {
 
     async fn claim(&self, request: ClaimRequest) -> Result<SeaOrmBatch> {
         let txn = self.begin().await?;
-        let events = claim_heads(&txn, &request).await.map_err(self.err("claim a batch"))?;
+        let Claimed { events, hints } = claim::claim_runs(&txn, &request).await.map_err(self.err("claim a batch"))?;
+        let dead_letters = request.dead_letters;
         if events.is_empty() {
-            txn.rollback().await.map_err(self.err("release an empty claim"))?;
-            return Ok(SeaOrmBatch { events, hold: Hold::Nothing });
+            if hints.is_empty() {
+                txn.rollback().await.map_err(self.err("release an empty claim"))?;
+            } else {
+                hints::write_hints(&txn, hints).await.map_err(self.err("update aggregate hints"))?;
+                txn.commit().await.map_err(self.err("commit aggregate hints"))?;
+            }
+            return Ok(SeaOrmBatch { events, hints: Vec::new(), dead_letters, hold: Hold::Nothing });
         }
         let hold = match request.mode {
             ClaimMode::Transaction => Hold::Transaction(txn),
@@ -262,7 +135,7 @@ impl OutboxStore for SeaOrmStore {
             }
         };
         tracing::debug!(claimed = events.len(), "outbox batch claimed");
-        Ok(SeaOrmBatch { events, hold })
+        Ok(SeaOrmBatch { events, hints, dead_letters, hold })
     }
 
     async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats> {
@@ -333,6 +206,13 @@ impl OutboxStore for SeaOrmStore {
     }
 
     async fn replay_dead(&self, now: DateTime<Utc>) -> Result<u64> {
+        let txn = self.db.begin().await.map_err(self.err("begin a replay"))?;
+        let wake = "UPDATE outbox_aggregates SET due_at_ms = ".to_owned()
+            + &now.timestamp_millis().to_string()
+            + " WHERE EXISTS (SELECT 1 FROM outbox_events e WHERE e.aggregate_type = outbox_aggregates.aggregate_type \
+               AND e.aggregate_id = outbox_aggregates.aggregate_id \
+               AND e.dead_at_ms IS NOT NULL AND e.published_at_ms IS NULL)";
+        txn.execute_unprepared(&wake).await.map_err(self.err("wake replayed aggregates"))?;
         let mut replay = Query::update();
         replay
             .table(Entity)
@@ -341,7 +221,9 @@ impl OutboxStore for SeaOrmStore {
             .value(Column::NextAttemptAtMs, now.timestamp_millis())
             .and_where(Expr::col(Column::DeadAtMs).is_not_null())
             .and_where(Expr::col(Column::PublishedAtMs).is_null());
-        Ok(self.db.execute(&replay).await.map_err(self.err("replay dead rows"))?.rows_affected())
+        let replayed = txn.execute(&replay).await.map_err(self.err("replay dead rows"))?.rows_affected();
+        txn.commit().await.map_err(self.err("commit a replay"))?;
+        Ok(replayed)
     }
 }
 
@@ -411,32 +293,74 @@ async fn mark<C: ConnectionTrait>(
     Ok(report)
 }
 
+impl SeaOrmBatch {
+    /// The hints this outcome implies for the claimed aggregates, after the claim's own.
+    fn hints_after(&mut self, outcome: &BatchOutcome) -> Vec<Hint> {
+        let fallback_ms = Ord::min(outcome.now, Utc::now()).timestamp_millis();
+        let by_seq: std::collections::HashMap<i64, &OutboxEvent> = self.events.iter().map(|e| (e.seq, e)).collect();
+        let mut hints = std::mem::take(&mut self.hints);
+        let mut failed = std::collections::HashSet::new();
+        for failure in &outcome.failed {
+            let Some(event) = by_seq.get(&failure.seq) else { continue };
+            let (t, i) = (event.aggregate_type.as_str(), event.aggregate_id.as_str());
+            failed.insert((t, i));
+            hints.push(match (failure.dead, self.dead_letters) {
+                (true, DeadLetterPolicy::BlockAggregate) => Hint::blocked(t, i),
+                (true, DeadLetterPolicy::SkipDead) => Hint::after(t, i, event.aggregate_version, fallback_ms),
+                (false, _) => Hint::at(t, i, failure.next_attempt_at.timestamp_millis()),
+            });
+        }
+        let mut published: std::collections::BTreeMap<(&str, &str), i64> = Default::default();
+        for seq in &outcome.published {
+            let Some(event) = by_seq.get(seq) else { continue };
+            let key = (event.aggregate_type.as_str(), event.aggregate_id.as_str());
+            if !failed.contains(&key) {
+                let top = published.entry(key).or_insert(event.aggregate_version);
+                *top = Ord::max(*top, event.aggregate_version);
+            }
+        }
+        hints.extend(published.into_iter().map(|((t, i), version)| Hint::after(t, i, version, fallback_ms)));
+        hints
+    }
+}
+
 impl ClaimedBatch for SeaOrmBatch {
     fn events(&self) -> &[OutboxEvent] {
         &self.events
     }
 
-    async fn complete(self, outcome: BatchOutcome) -> Result<MarkReport> {
+    async fn complete(mut self, outcome: BatchOutcome) -> Result<MarkReport> {
+        let hints = self.hints_after(&outcome);
         match self.hold {
             Hold::Nothing => Ok(MarkReport::default()),
             Hold::Transaction(txn) => {
                 let backend = txn.get_database_backend();
-                let report =
-                    mark(&txn, outcome, None).await.map_err(|e| store_error("mark a batch", TABLE, backend, e))?;
-                txn.commit().await.map_err(|e| store_error("commit a batch", TABLE, backend, e))?;
+                let error = |operation| move |e| store_error(operation, TABLE, backend, e);
+                // Released rows hold only this transaction's row locks, which the commit lets go.
+                let report = mark(&txn, outcome, None).await.map_err(error("mark a batch"))?;
+                hints::write_hints(&txn, hints).await.map_err(error("update aggregate hints"))?;
+                txn.commit().await.map_err(error("commit a batch"))?;
                 Ok(report)
             }
             Hold::Lease { db, token } => {
                 let backend = db.get_database_backend();
-                let report = mark(&db, outcome, Some(&token))
-                    .await
-                    .map_err(|e| store_error("mark a leased batch", TABLE, backend, e))?;
+                let error = |operation| move |e| store_error(operation, TABLE, backend, e);
+                let released = outcome.released.clone();
+                let report = mark(&db, outcome, Some(&token)).await.map_err(error("mark a leased batch"))?;
+                if !released.is_empty() {
+                    // Free the rest of a stopped run now rather than at lease expiry.
+                    db.execute(&fenced_update(released, Some(&token))).await.map_err(error("release leased rows"))?;
+                }
                 if report.fenced > 0 {
                     tracing::warn!(
                         fenced = report.fenced,
                         "lease expired and another relay took over; outcome not recorded"
                     );
+                    return Ok(report); // the relay that took over writes the hints
                 }
+                let txn = db.begin().await.map_err(error("begin a hint update"))?;
+                hints::write_hints(&txn, hints).await.map_err(error("update aggregate hints"))?;
+                txn.commit().await.map_err(error("commit aggregate hints"))?;
                 Ok(report)
             }
         }

@@ -1,0 +1,172 @@
+//! `outbox_aggregates.due_at_ms` as a hint the relay keeps up to date: when to look at an aggregate next.
+//!
+//! A hint only steers the claim; correctness never depends on it. A stale "due" costs one cheap probe; it
+//! can never hide work, because every enqueue sets `due_at_ms` (if empty) in the writer's transaction,
+//! and the relay clears it only under the row lock and only while `last_version` still equals the version
+//! it saw drained. The relay never waits for a writer: rows a writer holds are skipped (`SKIP LOCKED`)
+//! and keep their old hint.
+
+use std::collections::BTreeMap;
+
+use sea_orm::{ConnectionTrait, DbBackend, DbErr};
+
+use crate::sql::{Sql, any_aggregate};
+
+/// Aggregates per hint statement (4 bound values each, twice).
+const HINTS_PER_STATEMENT: usize = 1000;
+
+/// What to set one aggregate's `due_at_ms` to, encoded for one upsert (`last_version`, `due_at_ms`):
+/// `(-1, t)` sets `t`; `(v, NULL)` clears it if `last_version = v` and keeps it otherwise; `(v, t)` clears
+/// it if `last_version = v` and otherwise sets the retry time of event `v + 1` (`t` if not visible).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Hint {
+    aggregate_type: String,
+    aggregate_id: String,
+    version: i64,
+    due: Option<i64>,
+}
+
+impl Hint {
+    /// Nothing was pending up to `last_version`.
+    pub(super) fn clear_if_unchanged(aggregate_type: &str, aggregate_id: &str, last_version: i64) -> Hint {
+        Hint {
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            version: last_version,
+            due: None,
+        }
+    }
+
+    /// Events up to `version` are published (or set aside); the next one, if any, is due `fallback` at the latest.
+    pub(super) fn after(aggregate_type: &str, aggregate_id: &str, version: i64, fallback_ms: i64) -> Hint {
+        Hint {
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            version,
+            due: Some(fallback_ms),
+        }
+    }
+
+    /// Not before `due_ms` (a head retrying, or leased).
+    pub(super) fn at(aggregate_type: &str, aggregate_id: &str, due_ms: i64) -> Hint {
+        Hint {
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            version: -1,
+            due: Some(due_ms),
+        }
+    }
+
+    /// A dead head blocks the aggregate until `replay_dead`.
+    pub(super) fn blocked(aggregate_type: &str, aggregate_id: &str) -> Hint {
+        Hint::at(aggregate_type, aggregate_id, BLOCKED)
+    }
+}
+
+/// `due_at_ms` of an aggregate blocked by a dead head: never due, and an enqueue keeps it.
+pub(crate) const BLOCKED: i64 = i64::MAX;
+
+/// Writes `hints` (the last one per aggregate wins) to the rows no writer holds, inside `txn`.
+pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -> Result<(), DbErr> {
+    let backend = txn.get_database_backend();
+    let mut latest: BTreeMap<(String, String), Hint> = BTreeMap::new();
+    for hint in hints {
+        latest.insert((hint.aggregate_type.clone(), hint.aggregate_id.clone()), hint);
+    }
+    let hints: Vec<Hint> = latest.into_values().collect();
+    for chunk in hints.chunks(HINTS_PER_STATEMENT) {
+        let free = match backend {
+            DbBackend::Sqlite => chunk.iter().collect::<Vec<_>>(),
+            _ => {
+                let mut lock = Sql::new(backend);
+                lock.push("SELECT aggregate_type, aggregate_id FROM outbox_aggregates WHERE ");
+                any_aggregate(
+                    &mut lock,
+                    "",
+                    chunk.iter().map(|h| (h.aggregate_type.as_str(), h.aggregate_id.as_str())),
+                );
+                lock.push(" FOR UPDATE SKIP LOCKED");
+                let mut free = std::collections::HashSet::new();
+                for row in txn.query_all_raw(lock.build()).await? {
+                    free.insert((
+                        row.try_get::<String>("", "aggregate_type")?,
+                        row.try_get::<String>("", "aggregate_id")?,
+                    ));
+                }
+                chunk.iter().filter(|h| free.contains(&(h.aggregate_type.clone(), h.aggregate_id.clone()))).collect()
+            }
+        };
+        if free.is_empty() {
+            continue;
+        }
+        let free = next_due(txn, free).await?;
+        let mut upsert = Sql::new(backend);
+        upsert.push("INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_version, due_at_ms) VALUES ");
+        upsert.join(&free, ", ", |sql, hint| {
+            sql.push("(")
+                .bind(hint.aggregate_type.as_str())
+                .push(", ")
+                .bind(hint.aggregate_id.as_str())
+                .push(", ")
+                .bind(hint.version)
+                .push(", ")
+                .bind(hint.due)
+                .push(")");
+        });
+        let (v, due) = match backend {
+            DbBackend::MySql => ("VALUES(last_version)", "VALUES(due_at_ms)"),
+            _ => ("excluded.last_version", "excluded.due_at_ms"),
+        };
+        upsert.push(match backend {
+            DbBackend::MySql => " ON DUPLICATE KEY UPDATE ",
+            _ => " ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET ",
+        });
+        upsert.push(&format!(
+            "due_at_ms = CASE WHEN {v} < 0 THEN {due} WHEN outbox_aggregates.last_version = {v} THEN NULL \
+             WHEN {due} IS NULL THEN outbox_aggregates.due_at_ms ELSE {due} END"
+        ));
+        txn.execute_raw(upsert.build()).await?;
+    }
+    Ok(())
+}
+
+/// For hints "after version `v`" (`due` set, `v >= 0`): the retry time of event `v + 1` where this
+/// transaction can see it, the fallback otherwise. Read after the rows are locked, so a writer that
+/// committed `v + 1` before is seen; one that commits later also raised `last_version`, which the upsert
+/// checks under the lock.
+async fn next_due<'h, C: ConnectionTrait>(txn: &C, hints: Vec<&'h Hint>) -> Result<Vec<Hint>, DbErr> {
+    let after: Vec<&Hint> = hints.iter().copied().filter(|h| h.version >= 0 && h.due.is_some()).collect();
+    let mut found = std::collections::HashMap::new();
+    if !after.is_empty() {
+        let mut read = Sql::new(txn.get_database_backend());
+        read.push("SELECT aggregate_type, aggregate_id, next_attempt_at_ms FROM outbox_events WHERE ");
+        read.join(&after, " OR ", |sql, hint| {
+            sql.push("(aggregate_type = ")
+                .bind(hint.aggregate_type.as_str())
+                .push(" AND aggregate_id = ")
+                .bind(hint.aggregate_id.as_str())
+                .push(" AND aggregate_version = ")
+                .bind(hint.version + 1)
+                .push(")");
+        });
+        for row in txn.query_all_raw(read.build()).await? {
+            found.insert(
+                (row.try_get::<String>("", "aggregate_type")?, row.try_get::<String>("", "aggregate_id")?),
+                row.try_get::<i64>("", "next_attempt_at_ms")?,
+            );
+        }
+    }
+    Ok(hints
+        .into_iter()
+        .map(|hint| {
+            let mut hint = hint.clone();
+            if hint.version >= 0 && hint.due.is_some() {
+                let key = (hint.aggregate_type.clone(), hint.aggregate_id.clone());
+                if let Some(next) = found.get(&key) {
+                    hint.due = Some(*next);
+                }
+            }
+            hint
+        })
+        .collect())
+}
