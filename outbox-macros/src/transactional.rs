@@ -129,10 +129,13 @@ fn rewrite(sig: &Signature, block: &Block) -> syn::Result<Block> {
             }
         }
     };
-    let finish = quote_spanned!(err_span=> ::outbox_seaorm::__private::finish(__outbox_txn, __outbox_result).await);
+    let finish = quote_spanned! {err_span=>
+        ::outbox_seaorm::__private::finish(__outbox_txn, __outbox_emitted, __outbox_result).await
+    };
     let tokens = quote! {
         {
             let __outbox_txn = #begin;
+            let __outbox_emitted = ::outbox_seaorm::__private::Emitted::default();
             let __outbox_result: #ret_ty = async {
                 #[allow(unused_variables)]
                 let #conn = &__outbox_txn;
@@ -161,7 +164,8 @@ fn uses_emit(block: &Block) -> bool {
     finder.0
 }
 
-/// Replaces `emit!(event)` with an awaited insert into the active transaction.
+/// Replaces `emit!(event)` with a push onto the method's list of emitted events, which are written into
+/// the transaction with one multi-row insert just before it commits.
 struct EmitRewriter {
     replaced: usize,
 }
@@ -172,9 +176,9 @@ impl EmitRewriter {
         let tokens = match mac.parse_body::<syn::Expr>() {
             Ok(event) => quote_spanned! {event.span()=>
                 ::outbox_seaorm::__private::emit(
-                    &__outbox_txn,
+                    &__outbox_emitted,
                     ::outbox_seaorm::__private::event_ref(&(#event)),
-                ).await?
+                )?
             },
             Err(_) => quote_spanned! {mac.span()=>
                 ::std::compile_error!("`emit!` takes one event value: `emit!(OrderPlaced { … })`")

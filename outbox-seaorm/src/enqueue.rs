@@ -159,7 +159,7 @@ async fn write_portable<C: ConnectionTrait>(conn: &C, rows: &Rows<'_>, now_ms: i
 
     let mut read = Sql::new(backend);
     read.push("SELECT aggregate_type, aggregate_id, last_version FROM outbox_aggregates WHERE ");
-    any_aggregate(&mut read, "", rows.counts.keys().copied());
+    any_aggregate(&mut read, rows.counts.keys().copied());
     let mut last: BTreeMap<(String, String), i64> = BTreeMap::new();
     for row in conn.query_all_raw(read.build()).await? {
         last.insert(

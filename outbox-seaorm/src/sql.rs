@@ -56,20 +56,30 @@ impl Sql {
     }
 }
 
-/// `(aggregate_type = ? AND aggregate_id = ?)` for each key, joined by `OR`, with an optional column
-/// prefix such as `a.`.
-pub(crate) fn any_aggregate<'k>(sql: &mut Sql, prefix: &str, keys: impl IntoIterator<Item = (&'k str, &'k str)>) {
-    sql.push("(");
-    sql.join(keys, " OR ", |sql, (aggregate_type, aggregate_id)| {
-        sql.push("(")
-            .push(prefix)
-            .push("aggregate_type = ")
-            .bind(aggregate_type)
-            .push(" AND ")
-            .push(prefix)
-            .push("aggregate_id = ")
-            .bind(aggregate_id)
-            .push(")");
+/// `(columns) IN (…)` for a list of tuples, each written by `write` as comma-separated binds. SQLite takes
+/// a row-value `IN` only over a subquery, so it gets `IN (VALUES …)`; PostgreSQL and MySQL get a plain list,
+/// which they plan as index lookups.
+pub(crate) fn in_tuples<T>(
+    sql: &mut Sql,
+    columns: &str,
+    items: impl IntoIterator<Item = T>,
+    mut write: impl FnMut(&mut Sql, T),
+) {
+    sql.push("(").push(columns).push(") IN (");
+    if sql.backend == DbBackend::Sqlite {
+        sql.push("VALUES ");
+    }
+    sql.join(items, ", ", |sql, item| {
+        sql.push("(");
+        write(sql, item);
+        sql.push(")");
     });
     sql.push(")");
+}
+
+/// `(aggregate_type, aggregate_id) IN (…)` for `keys`.
+pub(crate) fn any_aggregate<'k>(sql: &mut Sql, keys: impl IntoIterator<Item = (&'k str, &'k str)>) {
+    in_tuples(sql, "aggregate_type, aggregate_id", keys, |sql, (aggregate_type, aggregate_id)| {
+        sql.bind(aggregate_type).push(", ").bind(aggregate_id);
+    });
 }

@@ -55,7 +55,7 @@ async fn a_relay_whose_lease_expired_cannot_overwrite_the_new_holders_outcome() 
 
         let b_done = after(now, 2 * LEASE);
         let report = b
-            .complete(BatchOutcome { now: b_done, published: vec![seq], failed: vec![] })
+            .complete(BatchOutcome { now: b_done, published: vec![seq], failed: vec![], released: vec![] })
             .await
             .unwrap_or_else(|e| panic!("{t}: {e}"));
         assert_eq!((report.published, report.fenced), (1, 0), "{t}: {report:?}");
@@ -64,7 +64,12 @@ async fn a_relay_whose_lease_expired_cannot_overwrite_the_new_holders_outcome() 
         let failure =
             Failure { seq, error: "ack timeout".to_owned(), next_attempt_at: after(now, 3 * LEASE), dead: false };
         let report = a
-            .complete(BatchOutcome { now: after(now, 3 * LEASE), published: vec![], failed: vec![failure] })
+            .complete(BatchOutcome {
+                now: after(now, 3 * LEASE),
+                published: vec![],
+                failed: vec![failure],
+                released: vec![],
+            })
             .await
             .unwrap_or_else(|e| panic!("{t}: {e}"));
         assert_eq!((report.published, report.failed, report.fenced), (0, 0, 1), "{t}: {report:?}");
@@ -87,7 +92,12 @@ async fn a_stale_holders_success_is_fenced_and_the_new_holder_decides() {
 
         // A reports success first, but its lease is gone: nothing is written.
         let report = a
-            .complete(BatchOutcome { now: after(now, 2 * LEASE), published: vec![seq], failed: vec![] })
+            .complete(BatchOutcome {
+                now: after(now, 2 * LEASE),
+                published: vec![seq],
+                failed: vec![],
+                released: vec![],
+            })
             .await
             .unwrap_or_else(|e| panic!("{t}: {e}"));
         assert_eq!((report.published, report.fenced), (0, 1), "{t}: {report:?}");
@@ -99,7 +109,12 @@ async fn a_stale_holders_success_is_fenced_and_the_new_holder_decides() {
         let failure =
             Failure { seq, error: "broker unavailable".to_owned(), next_attempt_at: after(now, CAP), dead: false };
         let report = b
-            .complete(BatchOutcome { now: after(now, 2 * LEASE), published: vec![], failed: vec![failure] })
+            .complete(BatchOutcome {
+                now: after(now, 2 * LEASE),
+                published: vec![],
+                failed: vec![failure],
+                released: vec![],
+            })
             .await
             .unwrap_or_else(|e| panic!("{t}: {e}"));
         assert_eq!((report.failed, report.fenced), (1, 0), "{t}: {report:?}");

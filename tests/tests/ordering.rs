@@ -36,17 +36,17 @@ async fn a_failed_first_event_holds_back_its_aggregate_while_others_proceed() {
 
         let now = chrono::Utc::now();
         let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((pass.claimed, pass.published, pass.failed), (2, 1, 1), "{t}: only the heads are claimed");
+        assert_eq!(
+            (pass.claimed, pass.published, pass.failed, pass.released),
+            (4, 1, 1, 2),
+            "{t}: o7's run stops at its failed head; its later events are released untried"
+        );
         assert_eq!(arrivals(&broker), ["o8:order.placed"], "{t}: o8 went ahead, o7 waits");
         let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
         assert_eq!(pass.claimed, 0, "{t}: o7's later events must wait for its head: {pass:?}");
 
-        let mut at = now;
-        for _ in 0..3 {
-            at = after(at, CAP);
-            let pass = relay.run_once_at(at).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-            assert_eq!((pass.claimed, pass.published), (1, 1), "{t}: one o7 event per pass: {pass:?}");
-        }
+        let pass = relay.run_once_at(after(now, CAP)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!((pass.claimed, pass.published), (3, 3), "{t}: o7's whole run in one pass: {pass:?}");
         assert_eq!(
             arrivals(&broker),
             ["o8:order.placed", "o7:order.placed", "o7:order.paid", "o7:order.shipped"],
@@ -84,7 +84,7 @@ async fn three_hundred_events_keep_per_aggregate_order_through_random_failures()
                 broker.lose_acks(1);
             }
             let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-            assert!(pass.claimed <= AGGREGATES, "{t}: at most one event per aggregate per pass: {pass:?}");
+            assert!(pass.claimed <= 100, "{t}: at most a batch per pass: {pass:?}");
             published += pass.published;
             failed += pass.failed;
             if published == EVENTS {
@@ -139,9 +139,9 @@ async fn a_dead_event_blocks_its_aggregate_under_block_aggregate() {
         // Replaying the dead event unblocks the aggregate, in order.
         assert_eq!(relay.store().replay_dead(now).await.unwrap_or_else(|e| panic!("{t}: {e}")), 1, "{t}");
         let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(pass.published, 1, "{t}: {pass:?}");
+        assert_eq!(pass.published, 2, "{t}: x's run, in order: {pass:?}");
         let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(pass.published, 1, "{t}: {pass:?}");
+        assert_eq!(pass.claimed, 0, "{t}: {pass:?}");
         assert_eq!(arrivals(&broker), ["y:first", "x:first", "x:second"], "{t}");
     }
 }
@@ -158,11 +158,9 @@ async fn skip_dead_lets_later_events_of_the_aggregate_past_a_dead_one() {
 
         let now = chrono::Utc::now();
         let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((pass.claimed, pass.dead), (1, 1), "{t}: {pass:?}");
-        for _ in 0..2 {
-            let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-            assert_eq!((pass.claimed, pass.published), (1, 1), "{t}: {pass:?}");
-        }
+        assert_eq!((pass.claimed, pass.dead, pass.released), (3, 1, 2), "{t}: {pass:?}");
+        let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!((pass.claimed, pass.published), (2, 2), "{t}: the run after the dead one: {pass:?}");
         assert_eq!(arrivals(&broker), ["x:second", "x:third"], "{t}: a gap where the dead event was");
         let dead = outbox_row(&t, x1.id()).await;
         assert!(dead.dead_at_ms.is_some() && dead.published_at_ms.is_none(), "{t}: {dead:?}");
@@ -182,10 +180,10 @@ async fn aggregates_are_keyed_by_type_and_id() {
         let broker = InMemoryPublisher::new();
         let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), fast_config()).expect("config");
         let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((pass.claimed, pass.published), (2, 2), "{t}: both heads in one pass: {pass:?}");
-        let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(pass.published, 1, "{t}: {pass:?}");
+        assert_eq!((pass.claimed, pass.published), (3, 3), "{t}: both aggregates' runs in one pass: {pass:?}");
         let types: Vec<String> = broker.received().iter().map(|e| e.event_type.clone()).collect();
-        assert_eq!(types, ["order.placed", "invoice.issued", "order.paid"], "{t}");
+        let order: Vec<&String> = types.iter().filter(|t| t.starts_with("order.")).collect();
+        assert_eq!(order, ["order.placed", "order.paid"], "{t}: {types:?}");
+        assert!(types.contains(&"invoice.issued".to_owned()), "{t}: {types:?}");
     }
 }

@@ -4,24 +4,27 @@
 //! Every step reads a number of rows bounded by the batch size, whatever the backlog:
 //! 1. candidates: `outbox_aggregates` rows due now, soonest first (index `outbox_aggregates_due`), each
 //!    with its head version, a `MIN` over `outbox_events_runs` that stops at the first pending entry;
-//! 2. the runs: version ranges `[head, head + n)` of those aggregates, `n` cut to the remaining budget;
-//! 3. row locks: `FOR UPDATE SKIP LOCKED` (PostgreSQL in step 2; MySQL by primary key, which takes no gap
-//!    locks, so enqueues never wait on a claim). SQLite has no row locks: the claim runs in `BEGIN
-//!    IMMEDIATE`.
+//! 2. the heads, by `(aggregate, version)`, locked with `FOR UPDATE SKIP LOCKED` and only if claimable
+//!    (due, not dead, not leased);
+//! 3. the rest of each run whose head this relay now holds, versions `head + 1 ..` cut to the remaining
+//!    budget, locked the same way. Locking heads first means a relay never locks rows behind a head
+//!    another relay holds.
 //!
-//! A run is kept only if its first locked row *is* the head and stops at the first gap, so an event is
-//! never claimed while an earlier one of its aggregate is unpublished, with any number of relays. Whatever
-//! the candidates showed about aggregates that could not be claimed (nothing pending, a dead or retrying
-//! head) becomes a [`Hint`] the mark writes back, so the next claim does not look at them again.
+//! MySQL finds the rows' primary keys with a plain read first and locks by primary key, which takes no gap
+//! locks, so enqueues never wait on a claim. SQLite has no row locks: the claim runs in `BEGIN IMMEDIATE`.
+//!
+//! A run is kept only from its head and up to its first gap, so an event is never claimed while an
+//! earlier one of its aggregate is unpublished, with any number of relays. An aggregate the candidates
+//! show with nothing pending becomes a [`Hint`] the mark writes back, so the next claim skips it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, QueryResult};
 
 use outbox_core::{ClaimRequest, DeadLetterPolicy, EventId, Headers, OutboxEvent};
 
 use super::hints::Hint;
-use crate::sql::Sql;
+use crate::sql::{Sql, in_tuples};
 
 /// Most candidate pages one claim reads before it settles for what it has (other relays hold the rest).
 const MAX_ROUNDS: usize = 8;
@@ -41,23 +44,8 @@ struct Candidate {
     head: Option<i64>,
 }
 
-/// The relay-relevant state of one pending row.
-struct RowState {
-    seq: i64,
-    version: i64,
-    dead: bool,
-    next_attempt_at_ms: i64,
-    lease_until_ms: Option<i64>,
-}
-
-impl RowState {
-    fn claimable(&self, now_ms: i64) -> bool {
-        !self.dead && self.next_attempt_at_ms <= now_ms && self.lease_until_ms.is_none_or(|until| until <= now_ms)
-    }
-}
-
 const CLAIM_COLUMNS: &str = "seq, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, \
-    schema_version, created_at_ms, attempts, last_error, dead_at_ms, next_attempt_at_ms, lease_until_ms";
+    schema_version, created_at_ms, attempts, last_error";
 
 fn payload_columns(backend: DbBackend) -> &'static str {
     match backend {
@@ -100,7 +88,12 @@ pub(super) async fn claim_runs(txn: &DatabaseTransaction, request: &ClaimRequest
         while left > 0 {
             let Some(candidate) = pending_candidates.pop_front() else { break };
             match candidate.head {
-                None => claimed.hints.push(Hint::clear(&candidate, candidate.last_version)),
+                // Under SkipDead the head ignores dead rows, which a replay may revive at any time: only an
+                // aggregate with no unpublished row at all is cleared.
+                None if request.dead_letters == DeadLetterPolicy::BlockAggregate => {
+                    claimed.hints.push(Hint::clear(&candidate, candidate.last_version));
+                }
+                None => {}
                 Some(head) => {
                     let take = (candidate.last_version - head + 1).clamp(1, left);
                     left -= take;
@@ -111,7 +104,7 @@ pub(super) async fn claim_runs(txn: &DatabaseTransaction, request: &ClaimRequest
         if round.is_empty() {
             continue;
         }
-        take_runs(txn, request, now_ms, &round, &mut claimed).await?;
+        take_runs(txn, now_ms, &round, &mut claimed).await?;
     }
     Ok(claimed)
 }
@@ -169,140 +162,147 @@ async fn candidates(
         .collect()
 }
 
-/// Steps 2 and 3 for one round of candidates: read and lock the version ranges, keep the valid runs.
+/// Most keys in one `IN` list: PostgreSQL expands a row-value list into nested `OR`s, whose depth its
+/// stack bounds.
+const KEYS_PER_STATEMENT: usize = 1000;
+
+/// Which rows to fetch.
+enum Keys<'r> {
+    /// `(aggregate_type, aggregate_id, aggregate_version)` triples: point lookups in the unique index.
+    Versions(Vec<(&'r Candidate, i64)>),
+    /// Primary keys (MySQL locks by primary key only).
+    Seqs(Vec<i64>),
+}
+
+/// Fetches unpublished rows by `keys`, in chunks. With `lock`, only rows claimable at that time and not
+/// locked by another relay, each now locked (`FOR UPDATE SKIP LOCKED`; SQLite relies on `BEGIN IMMEDIATE`).
+async fn fetch(txn: &DatabaseTransaction, keys: Keys<'_>, lock: Option<i64>) -> Result<Vec<QueryResult>, DbErr> {
+    let backend = txn.get_database_backend();
+    let chunks: Vec<Keys<'_>> = match keys {
+        Keys::Versions(v) => v.chunks(KEYS_PER_STATEMENT).map(|c| Keys::Versions(c.to_vec())).collect(),
+        Keys::Seqs(s) => s.chunks(KEYS_PER_STATEMENT).map(|c| Keys::Seqs(c.to_vec())).collect(),
+    };
+    let mut rows = Vec::new();
+    for chunk in chunks {
+        let mut sql = Sql::new(backend);
+        sql.push("SELECT ").push(CLAIM_COLUMNS).push(", ").push(payload_columns(backend));
+        sql.push(" FROM outbox_events");
+        if backend == DbBackend::MySql && lock.is_some() {
+            // Point lookups by primary key lock only the claimed rows; through a secondary index MariaDB
+            // would take next-key (gap) locks that make every enqueue wait for the claim.
+            sql.push(" FORCE INDEX (PRIMARY)");
+        }
+        sql.push(" WHERE published_at_ms IS NULL AND ");
+        match &chunk {
+            Keys::Versions(keys) => {
+                in_tuples(&mut sql, "aggregate_type, aggregate_id, aggregate_version", keys, |sql, (c, version)| {
+                    sql.bind(c.aggregate_type.as_str())
+                        .push(", ")
+                        .bind(c.aggregate_id.as_str())
+                        .push(", ")
+                        .bind(*version);
+                });
+            }
+            Keys::Seqs(seqs) => {
+                sql.push("seq IN (").join(seqs, ", ", |sql, seq| {
+                    sql.bind(*seq);
+                });
+                sql.push(")");
+            }
+        }
+        if let Some(now_ms) = lock {
+            sql.push(" AND dead_at_ms IS NULL AND next_attempt_at_ms <= ")
+                .bind(now_ms)
+                .push(" AND (lease_until_ms IS NULL OR lease_until_ms <= ")
+                .bind(now_ms)
+                .push(")");
+            if backend != DbBackend::Sqlite {
+                sql.push(" FOR UPDATE SKIP LOCKED");
+            }
+        }
+        rows.extend(txn.query_all_raw(sql.build()).await?);
+    }
+    Ok(rows)
+}
+
+/// Every version of every run in `round`, heads first per aggregate.
+fn all_versions(round: &[(Candidate, i64, i64)]) -> Vec<(&Candidate, i64)> {
+    round.iter().flat_map(|(c, head, to)| (*head..=*to).map(move |v| (c, v))).collect()
+}
+
+/// Steps 2 and 3 for one round of candidates: lock the heads, then the rest of each run whose head this
+/// relay now holds (never rows behind a head another relay holds), and keep the valid runs.
 async fn take_runs(
     txn: &DatabaseTransaction,
-    request: &ClaimRequest,
     now_ms: i64,
     round: &[(Candidate, i64, i64)],
     claimed: &mut Claimed,
 ) -> Result<(), DbErr> {
     let backend = txn.get_database_backend();
-    let ranges = |sql: &mut Sql| {
-        sql.push("(");
-        sql.join(round, " OR ", |sql, (candidate, from, to)| {
-            sql.push("(aggregate_type = ")
-                .bind(candidate.aggregate_type.as_str())
-                .push(" AND aggregate_id = ")
-                .bind(candidate.aggregate_id.as_str())
-                .push(" AND aggregate_version BETWEEN ")
-                .bind(*from)
-                .push(" AND ")
-                .bind(*to)
-                .push(")");
-        });
-        sql.push(")");
-    };
-    let mut read = Sql::new(backend);
-    read.push("SELECT ").push(CLAIM_COLUMNS);
-    if backend != DbBackend::MySql {
-        read.push(", ").push(payload_columns(backend));
-    }
-    read.push(" FROM outbox_events WHERE published_at_ms IS NULL AND ");
-    ranges(&mut read);
-    if backend == DbBackend::Postgres {
-        read.push(" FOR UPDATE SKIP LOCKED");
-    }
-    let rows = txn.query_all_raw(read.build()).await?;
-    let states = rows.iter().map(row_state).collect::<Result<Vec<_>, _>>()?;
-
-    // What is claimable, per aggregate; on MySQL only now locked, by primary key.
-    let mut by_aggregate: HashMap<(String, String), Vec<(RowState, usize)>> = HashMap::new();
-    for (i, (state, row)) in states.into_iter().zip(&rows).enumerate() {
-        let key: (String, String) = (row.try_get("", "aggregate_type")?, row.try_get("", "aggregate_id")?);
-        by_aggregate.entry(key).or_default().push((state, i));
-    }
-    let mut locked_rows: Option<HashMap<i64, QueryResult>> = None;
-    if backend == DbBackend::MySql {
-        let seqs: Vec<i64> = round
+    let heads: Vec<(&Candidate, i64)> = round.iter().map(|(c, head, _)| (c, *head)).collect();
+    let rests = |held: &HashSet<(String, String)>| -> Vec<(&Candidate, i64)> {
+        round
             .iter()
-            .filter_map(|(c, head, _)| {
-                by_aggregate.get(&(c.aggregate_type.clone(), c.aggregate_id.clone())).map(|r| (r, *head))
-            })
-            .flat_map(|(rows, head)| {
-                rows.iter().filter(move |(s, _)| s.version >= head && s.claimable(now_ms)).map(|(s, _)| s.seq)
-            })
-            .collect();
-        let mut lock = Sql::new(backend);
-        lock.push("SELECT ").push(CLAIM_COLUMNS).push(", ").push(payload_columns(backend));
-        // Forcing the primary key makes these point lookups that lock only the claimed rows; through a
-        // secondary index MariaDB would take next-key (gap) locks that make every enqueue wait.
-        lock.push(" FROM outbox_events FORCE INDEX (PRIMARY) WHERE published_at_ms IS NULL AND dead_at_ms IS NULL AND seq IN (");
-        lock.join(&seqs, ", ", |sql, seq| {
-            sql.bind(*seq);
-        });
-        lock.push(") FOR UPDATE SKIP LOCKED");
-        let locked = if seqs.is_empty() { Vec::new() } else { txn.query_all_raw(lock.build()).await? };
-        let mut map = HashMap::new();
-        for row in locked {
-            map.insert(row.try_get::<i64>("", "seq")?, row);
+            .filter(|(c, _, _)| held.contains(&(c.aggregate_type.clone(), c.aggregate_id.clone())))
+            .flat_map(|(c, head, to)| (*head + 1..=*to).map(move |v| (c, v)))
+            .collect()
+    };
+    let rows: Vec<QueryResult> = match backend {
+        DbBackend::MySql => {
+            // A plain read finds the rows' primary keys; the locks are then taken by primary key.
+            let mut seq_of: HashMap<(String, String, i64), i64> = HashMap::new();
+            for row in fetch(txn, Keys::Versions(all_versions(round)), None).await? {
+                let key = (
+                    row.try_get("", "aggregate_type")?,
+                    row.try_get("", "aggregate_id")?,
+                    row.try_get("", "aggregate_version")?,
+                );
+                seq_of.insert(key, row.try_get("", "seq")?);
+            }
+            let seqs = |keys: Vec<(&Candidate, i64)>| -> Vec<i64> {
+                keys.into_iter()
+                    .filter_map(|(c, v)| seq_of.get(&(c.aggregate_type.clone(), c.aggregate_id.clone(), v)).copied())
+                    .collect()
+            };
+            let mut rows = fetch(txn, Keys::Seqs(seqs(heads)), Some(now_ms)).await?;
+            let held = aggregates_of(&rows)?;
+            rows.extend(fetch(txn, Keys::Seqs(seqs(rests(&held))), Some(now_ms)).await?);
+            rows
         }
-        locked_rows = Some(map);
-    }
+        DbBackend::Postgres => {
+            let mut rows = fetch(txn, Keys::Versions(heads), Some(now_ms)).await?;
+            let held = aggregates_of(&rows)?;
+            rows.extend(fetch(txn, Keys::Versions(rests(&held)), Some(now_ms)).await?);
+            rows
+        }
+        _ => fetch(txn, Keys::Versions(all_versions(round)), Some(now_ms)).await?,
+    };
 
+    let mut by_aggregate: HashMap<(String, String), Vec<(i64, &QueryResult)>> = HashMap::new();
+    for row in &rows {
+        let key: (String, String) = (row.try_get("", "aggregate_type")?, row.try_get("", "aggregate_id")?);
+        by_aggregate.entry(key).or_default().push((row.try_get("", "aggregate_version")?, row));
+    }
     for (candidate, head, _) in round {
         let key = (candidate.aggregate_type.clone(), candidate.aggregate_id.clone());
         let Some(mut found) = by_aggregate.remove(&key) else {
-            continue; // the head is locked by another relay, or was just published
+            continue; // the head is held by another relay, not due, dead, or just published
         };
-        found.sort_by_key(|(s, _)| s.version);
-        let Some((first, _)) = found.first() else { continue };
-        if first.version != *head {
-            continue; // another relay holds the head
-        }
-        if !first.claimable(now_ms) {
-            if let Some(hint) = Hint::for_unclaimable_head(candidate, first, request, now_ms) {
-                claimed.hints.push(hint);
-            }
-            continue;
-        }
-        let mut expected = *head;
-        for (state, i) in &found {
-            let row = match &locked_rows {
-                Some(locked) => match locked.get(&state.seq) {
-                    Some(row) => row,
-                    None => break,
-                },
-                None => &rows[*i],
-            };
-            if state.version != expected || !state.claimable(now_ms) {
+        found.sort_by_key(|(version, _)| *version);
+        // A run starts at the head and stops at the first version it could not take.
+        for (expected, (version, row)) in (*head..).zip(found) {
+            if version != expected {
                 break;
             }
             claimed.events.push(decode_row(row)?);
-            expected += 1;
         }
     }
     Ok(())
 }
 
-impl Hint {
-    /// What to write back for an aggregate whose head cannot be claimed now.
-    fn for_unclaimable_head(
-        candidate: &Candidate,
-        head: &RowState,
-        request: &ClaimRequest,
-        now_ms: i64,
-    ) -> Option<Hint> {
-        let (t, i) = (candidate.aggregate_type.as_str(), candidate.aggregate_id.as_str());
-        if head.dead {
-            // Under SkipDead the head query skips dead rows, so a dead head means the aggregate is blocked.
-            return (request.dead_letters == DeadLetterPolicy::BlockAggregate).then(|| Hint::blocked(t, i));
-        }
-        if head.next_attempt_at_ms > now_ms {
-            return Some(Hint::at(t, i, head.next_attempt_at_ms));
-        }
-        head.lease_until_ms.filter(|until| *until > now_ms).map(|until| Hint::at(t, i, until))
-    }
-}
-
-fn row_state(row: &QueryResult) -> Result<RowState, DbErr> {
-    Ok(RowState {
-        seq: row.try_get("", "seq")?,
-        version: row.try_get("", "aggregate_version")?,
-        dead: row.try_get::<Option<i64>>("", "dead_at_ms")?.is_some(),
-        next_attempt_at_ms: row.try_get("", "next_attempt_at_ms")?,
-        lease_until_ms: row.try_get("", "lease_until_ms")?,
-    })
+/// The aggregates of `rows`.
+fn aggregates_of(rows: &[QueryResult]) -> Result<HashSet<(String, String)>, DbErr> {
+    rows.iter().map(|row| Ok((row.try_get("", "aggregate_type")?, row.try_get("", "aggregate_id")?))).collect()
 }
 
 fn decode_row(row: &QueryResult) -> Result<OutboxEvent, DbErr> {

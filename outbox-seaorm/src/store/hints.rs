@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use sea_orm::{ConnectionTrait, DbBackend, DbErr};
 
-use crate::sql::{Sql, any_aggregate};
+use crate::sql::{Sql, any_aggregate, in_tuples};
 
 /// Aggregates per hint statement (4 bound values each, twice).
 const HINTS_PER_STATEMENT: usize = 1000;
@@ -80,11 +80,7 @@ pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -
             _ => {
                 let mut lock = Sql::new(backend);
                 lock.push("SELECT aggregate_type, aggregate_id FROM outbox_aggregates WHERE ");
-                any_aggregate(
-                    &mut lock,
-                    "",
-                    chunk.iter().map(|h| (h.aggregate_type.as_str(), h.aggregate_id.as_str())),
-                );
+                any_aggregate(&mut lock, chunk.iter().map(|h| (h.aggregate_type.as_str(), h.aggregate_id.as_str())));
                 lock.push(" FOR UPDATE SKIP LOCKED");
                 let mut free = std::collections::HashSet::new();
                 for row in txn.query_all_raw(lock.build()).await? {
@@ -134,20 +130,18 @@ pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -
 /// transaction can see it, the fallback otherwise. Read after the rows are locked, so a writer that
 /// committed `v + 1` before is seen; one that commits later also raised `last_version`, which the upsert
 /// checks under the lock.
-async fn next_due<'h, C: ConnectionTrait>(txn: &C, hints: Vec<&'h Hint>) -> Result<Vec<Hint>, DbErr> {
+async fn next_due<C: ConnectionTrait>(txn: &C, hints: Vec<&Hint>) -> Result<Vec<Hint>, DbErr> {
     let after: Vec<&Hint> = hints.iter().copied().filter(|h| h.version >= 0 && h.due.is_some()).collect();
     let mut found = std::collections::HashMap::new();
     if !after.is_empty() {
         let mut read = Sql::new(txn.get_database_backend());
         read.push("SELECT aggregate_type, aggregate_id, next_attempt_at_ms FROM outbox_events WHERE ");
-        read.join(&after, " OR ", |sql, hint| {
-            sql.push("(aggregate_type = ")
-                .bind(hint.aggregate_type.as_str())
-                .push(" AND aggregate_id = ")
+        in_tuples(&mut read, "aggregate_type, aggregate_id, aggregate_version", &after, |sql, hint| {
+            sql.bind(hint.aggregate_type.as_str())
+                .push(", ")
                 .bind(hint.aggregate_id.as_str())
-                .push(" AND aggregate_version = ")
-                .bind(hint.version + 1)
-                .push(")");
+                .push(", ")
+                .bind(hint.version + 1);
         });
         for row in txn.query_all_raw(read.build()).await? {
             found.insert(

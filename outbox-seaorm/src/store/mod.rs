@@ -65,12 +65,7 @@ impl SeaOrmStore {
     }
 
     async fn begin(&self) -> Result<DatabaseTransaction> {
-        // SQLite has no row locks: take the write lock up front so two relays cannot claim the same rows.
-        let options = TransactionOptions {
-            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-            ..TransactionOptions::default()
-        };
-        self.db.begin_with_options(options).await.map_err(self.err("begin a claim"))
+        begin_writing(&self.db).await.map_err(self.err("begin a claim"))
     }
 }
 
@@ -201,18 +196,16 @@ impl OutboxStore for SeaOrmStore {
                 break;
             }
         }
+        let rearmed = rearm(&self.db, now, false).await.map_err(self.err("re-arm aggregate hints"))?;
+        if rearmed > 0 {
+            tracing::info!(rearmed, "cleanup found aggregates with due events but no hint, and re-armed them");
+        }
         tracing::debug!(deleted, "outbox cleanup done");
         Ok(deleted)
     }
 
     async fn replay_dead(&self, now: DateTime<Utc>) -> Result<u64> {
-        let txn = self.db.begin().await.map_err(self.err("begin a replay"))?;
-        let wake = "UPDATE outbox_aggregates SET due_at_ms = ".to_owned()
-            + &now.timestamp_millis().to_string()
-            + " WHERE EXISTS (SELECT 1 FROM outbox_events e WHERE e.aggregate_type = outbox_aggregates.aggregate_type \
-               AND e.aggregate_id = outbox_aggregates.aggregate_id \
-               AND e.dead_at_ms IS NOT NULL AND e.published_at_ms IS NULL)";
-        txn.execute_unprepared(&wake).await.map_err(self.err("wake replayed aggregates"))?;
+        let txn = begin_writing(&self.db).await.map_err(self.err("begin a replay"))?;
         let mut replay = Query::update();
         replay
             .table(Entity)
@@ -222,9 +215,41 @@ impl OutboxStore for SeaOrmStore {
             .and_where(Expr::col(Column::DeadAtMs).is_not_null())
             .and_where(Expr::col(Column::PublishedAtMs).is_null());
         let replayed = txn.execute(&replay).await.map_err(self.err("replay dead rows"))?.rows_affected();
+        // After the rows, and waiting for any relay that holds an aggregate's row: its hint (blocked, or
+        // drained) was written before this replay could be seen, so this one must land last.
+        rearm(&txn, now, true).await.map_err(self.err("wake replayed aggregates"))?;
         txn.commit().await.map_err(self.err("commit a replay"))?;
         Ok(replayed)
     }
+}
+
+/// Makes every aggregate with a claimable unpublished row due: the safety net under the hints, for a hint
+/// lost to a race (see [`hints`]). Reads the pending rows once; setting a hint early is always safe.
+/// With `blocked`, aggregates hinted as blocked by a dead head are woken too (after a replay).
+async fn rearm<C: ConnectionTrait>(conn: &C, now: DateTime<Utc>, blocked: bool) -> std::result::Result<u64, DbErr> {
+    let now_ms = now.timestamp_millis();
+    let which = if blocked {
+        format!("(due_at_ms IS NULL OR due_at_ms = {})", hints::BLOCKED)
+    } else {
+        "due_at_ms IS NULL".to_owned()
+    };
+    let sql = format!(
+        "UPDATE outbox_aggregates SET due_at_ms = {now_ms} \
+         WHERE {which} AND EXISTS (SELECT 1 FROM outbox_events e \
+         WHERE e.aggregate_type = outbox_aggregates.aggregate_type AND e.aggregate_id = outbox_aggregates.aggregate_id \
+         AND e.published_at_ms IS NULL AND e.dead_at_ms IS NULL AND e.next_attempt_at_ms <= {now_ms})"
+    );
+    Ok(conn.execute_unprepared(&sql).await?.rows_affected())
+}
+
+/// A transaction that will write. SQLite has no row locks: take the write lock up front, so two relays
+/// cannot claim the same rows and a read-then-write transaction is never refused as a deadlock.
+async fn begin_writing(db: &DatabaseConnection) -> std::result::Result<DatabaseTransaction, DbErr> {
+    let options = TransactionOptions {
+        sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+        ..TransactionOptions::default()
+    };
+    db.begin_with_options(options).await
 }
 
 /// `UPDATE … WHERE seq IN (…)`, fenced by the lease token in lease mode.
@@ -358,7 +383,7 @@ impl ClaimedBatch for SeaOrmBatch {
                     );
                     return Ok(report); // the relay that took over writes the hints
                 }
-                let txn = db.begin().await.map_err(error("begin a hint update"))?;
+                let txn = begin_writing(&db).await.map_err(error("begin a hint update"))?;
                 hints::write_hints(&txn, hints).await.map_err(error("update aggregate hints"))?;
                 txn.commit().await.map_err(error("commit aggregate hints"))?;
                 Ok(report)
