@@ -149,7 +149,7 @@ fn raw_insert(backend: DbBackend, id: &str, n: usize, seq: u64) -> Statement {
             p(9)
         ));
         values.extend([
-            format!("{seq:016x}-{k:04}-0000-0000-000000000000").into(),
+            format!("00000000-{k:04x}-4000-8000-{seq:012x}").into(),
             "order".into(),
             id.into(),
             "order.placed".into(),
@@ -230,7 +230,7 @@ async fn cell(
 
 /// Runs the scenario.
 pub async fn run(ctx: &Ctx) -> Result<()> {
-    let duration = Duration::from_secs(ctx.size(10, 2) as u64);
+    let duration = Duration::from_secs(ctx.size(10, 1) as u64);
     let db = ctx.target.fresh().await?;
     create_tables(&db).await?;
     let ids = Arc::new(AtomicU64::new(0));
