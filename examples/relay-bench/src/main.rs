@@ -51,7 +51,7 @@ struct Args {
     /// Write SVG plots into this directory.
     #[arg(long)]
     plots: Option<PathBuf>,
-    /// Time budget of one drain in seconds (default 120, or 3 with --quick).
+    /// Time budget of one drain in seconds (default 120, or 2 with --quick).
     #[arg(long)]
     max_seconds: Option<u64>,
     #[command(subcommand)]
@@ -124,7 +124,7 @@ async fn run() -> Result<()> {
     if rounds == 0 {
         bail!("--rounds must be at least 1");
     }
-    let budget = Duration::from_secs(args.max_seconds.unwrap_or(if args.quick { 3 } else { 120 }));
+    let budget = Duration::from_secs(args.max_seconds.unwrap_or(if args.quick { 2 } else { 120 }));
     for target in targets(args.backend.as_deref())? {
         let started = Instant::now();
         eprintln!("relay-bench: {} at {}", target.label(), target::redact(&target.url));

@@ -60,7 +60,8 @@ async fn child(ctx: &Ctx, what: &str, events: usize) -> Result<ChildReport> {
     let output = tokio::process::Command::new(exe)
         .env(URL_VAR, &ctx.target.url)
         .args(["drain-only", "--what", what, "--events", &events.to_string()])
-        .args(["--max-seconds", &ctx.budget.as_secs().to_string()])
+        // Memory, not speed: a drain cut short would under-report the peak, so the child gets at least 30 s.
+        .args(["--max-seconds", &ctx.budget.max(std::time::Duration::from_secs(30)).as_secs().to_string()])
         .output()
         .await
         .context("spawn the drain-only child")?;
