@@ -1,116 +1,138 @@
-//! Run with: cargo run --release -p outbox-relay-bench -- --events 100000 --aggregates 10000 --batch 1000
+//! Run with: cargo run --release -p outbox-relay-bench -- --quick
 //!
-//! Relay throughput on a real database: enqueues a backlog, then drains it with one or more relays whose
-//! publisher confirms every event at once, so the figure is the store's claim + mark cost plus the relay's
-//! own overhead. `DATABASE_URL` picks the database (default: the machine's PostgreSQL, schema `bench`).
+//! The relay benchmark suite. Each scenario drains (or writes) a backlog on a real database, on a schema
+//! or database it drops and recreates, and prints a markdown table per scenario: median, min and max over
+//! rounds (variants alternate: A B A B ...), and the ratio against the baseline measured in the same
+//! invocation. Baselines are plain SQL relays on their own tables (see `baselines.rs`).
+//!
+//! `OUTBOX_BENCH_URL` picks the database (default: PostgreSQL `test`, schema `outbox_bench`); the bench
+//! refuses any target whose schema/database/file name does not contain `bench`. `--backend all` runs the
+//! default PostgreSQL, MariaDB/MySQL and SQLite targets in turn.
+//!
+//! ```text
+//! cargo run --release -p outbox-relay-bench -- --quick                      # every scenario, small, 1 round
+//! cargo run --release -p outbox-relay-bench -- --scenario aggregates --out bench.md --plots plots
+//! OUTBOX_BENCH_URL=mysql://root@127.0.0.1:3306/outbox_bench cargo run --release -p outbox-relay-bench
+//! ```
 
-use std::time::Instant;
+mod baselines;
+mod report;
+mod scenarios;
+mod target;
 
-use clap::Parser;
-use outbox_seaorm::{ClaimMode, NewEvent, OutboxEvent, PublishError, Publisher, Relay, RelayConfig, SeaOrmStore};
-use sea_orm::ConnectionTrait;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-/// Confirms every event without sending it anywhere.
-struct NullPublisher;
+use anyhow::{Result, bail};
+use clap::{Parser, Subcommand};
 
-impl Publisher for NullPublisher {
-    async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), PublishError>> {
-        vec![Ok(()); events.len()]
+use crate::scenarios::Ctx;
+use crate::target::{Target, URL_VAR};
+
+/// Command line.
+#[derive(Parser)]
+#[command(about = "Relay and enqueue benchmarks against plain-SQL baselines")]
+struct Args {
+    /// Small sizes, every scenario, 1 round (whole run under 2 minutes per backend).
+    #[arg(long)]
+    quick: bool,
+    /// Rounds per figure (default: 3, or 1 with --quick).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Scenarios to run (repeat or comma-separate); default all.
+    #[arg(long, value_delimiter = ',')]
+    scenario: Vec<String>,
+    /// pg, mysql, sqlite or all (default: the backend of OUTBOX_BENCH_URL, else pg).
+    #[arg(long)]
+    backend: Option<String>,
+    /// Append the markdown tables to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Write SVG plots into this directory.
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    /// Time budget of one drain in seconds (default 120, or 2 with --quick).
+    #[arg(long)]
+    max_seconds: Option<u64>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// Hidden helper commands.
+#[derive(Subcommand)]
+enum Command {
+    /// Drain what the parent filled and print VmHWM (used by the rss scenario).
+    #[command(hide = true)]
+    DrainOnly {
+        /// `ours` or `raw-ceiling`.
+        #[arg(long)]
+        what: String,
+        /// Events to wait for.
+        #[arg(long)]
+        events: u64,
+        /// Time budget in seconds.
+        #[arg(long, default_value_t = 120)]
+        max_seconds: u64,
+    },
+}
+
+/// The targets this invocation benches.
+fn targets(backend: Option<&str>) -> Result<Vec<Target>> {
+    let env = std::env::var(URL_VAR).ok().filter(|u| !u.is_empty());
+    match (backend, env) {
+        (Some("all"), Some(_)) => bail!("--backend all uses the default targets; unset {URL_VAR} or pick one backend"),
+        (Some("all"), None) => ["pg", "mysql", "sqlite"].iter().map(|b| Target::default_for(b)).collect(),
+        (Some(b), Some(url)) => {
+            let target = Target::parse(&url)?;
+            let wanted = Target::default_for(b)?;
+            if wanted.backend != target.backend {
+                bail!("--backend {b} does not match {URL_VAR} ({})", target.label());
+            }
+            Ok(vec![target])
+        }
+        (Some(b), None) => Ok(vec![Target::default_for(b)?]),
+        (None, Some(url)) => Ok(vec![Target::parse(&url)?]),
+        (None, None) => Ok(vec![Target::default_for("pg")?]),
     }
 }
-
-#[derive(Parser)]
-struct Args {
-    /// Events in the backlog.
-    #[arg(long, default_value_t = 100_000)]
-    events: usize,
-    /// Distinct aggregates the events spread over (a relay claims one event per aggregate per pass).
-    #[arg(long, default_value_t = 10_000)]
-    aggregates: usize,
-    /// Relay batch size.
-    #[arg(long, default_value_t = 1000)]
-    batch: u32,
-    /// Relays draining at once, each with its own pool.
-    #[arg(long, default_value_t = 1)]
-    relays: usize,
-    /// Lease claims instead of transaction claims.
-    #[arg(long)]
-    lease: bool,
-}
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 #[tokio::main]
-async fn main() -> Result<(), Error> {
+async fn main() {
+    if let Err(error) = run().await {
+        eprintln!("relay-bench: error: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<()> {
     let args = Args::parse();
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test?options=-c%20search_path%3Dbench".to_owned());
-    let db = outbox_seaorm::connect(&url).await?;
-    if url.starts_with("postgres") {
-        db.execute_unprepared("DROP SCHEMA IF EXISTS bench CASCADE; CREATE SCHEMA bench").await?;
+    if let Some(Command::DrainOnly { what, events, max_seconds }) = &args.command {
+        let target = targets(None)?.remove(0);
+        return scenarios::rss::drain_only(target, what, *events, Duration::from_secs(*max_seconds)).await;
+    }
+    let names: Vec<String> = if args.scenario.is_empty() {
+        scenarios::ALL.iter().map(|s| (*s).to_owned()).collect()
     } else {
-        for table in ["outbox_events", "inbox_messages", "outbox_seaorm_migrations"] {
-            db.execute_unprepared(&format!("DROP TABLE IF EXISTS {table}")).await?;
+        args.scenario.clone()
+    };
+    for name in &names {
+        if !scenarios::ALL.contains(&name.as_str()) {
+            bail!("unknown scenario {name:?}; expected one of {}", scenarios::ALL.join(", "));
         }
     }
-    outbox_seaorm::migrate(&db).await?;
-
-    let started = Instant::now();
-    let payload = serde_json::json!({"customer": "bench", "total_minor": 4900, "lines": [1, 2, 3]});
-    for chunk in (0..args.events).collect::<Vec<_>>().chunks(5000) {
-        let events = chunk
-            .iter()
-            .map(|i| NewEvent::new("order", format!("o{}", i % args.aggregates), "order.placed", &payload))
-            .collect::<Result<Vec<_>, _>>()?;
-        outbox_seaorm::enqueue_all(&db, &events).await?;
+    let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 });
+    if rounds == 0 {
+        bail!("--rounds must be at least 1");
     }
-    let enqueue = started.elapsed();
-    println!(
-        "enqueued {} events over {} aggregates in {:.2?} ({:.0} events/s, multi-row inserts)",
-        args.events,
-        args.aggregates,
-        enqueue,
-        args.events as f64 / enqueue.as_secs_f64()
-    );
-
-    let mode = if args.lease {
-        ClaimMode::Lease { duration: std::time::Duration::from_secs(60) }
-    } else {
-        ClaimMode::Transaction
-    };
-    let config = RelayConfig::default().with_batch_size(args.batch).with_claim_mode(mode);
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..args.relays {
-        let relay = Relay::new(SeaOrmStore::new(outbox_seaorm::connect(&url).await?), NullPublisher, config.clone())?;
-        tasks.push(tokio::spawn(async move {
-            let mut published = 0u64;
-            let mut passes = 0u64;
-            loop {
-                let pass = relay.run_once().await?;
-                if pass.claimed == 0 {
-                    break;
-                }
-                passes += 1;
-                published += pass.published;
-            }
-            Ok::<_, outbox_seaorm::Error>((published, passes))
-        }));
+    let budget = Duration::from_secs(args.max_seconds.unwrap_or(if args.quick { 2 } else { 120 }));
+    for target in targets(args.backend.as_deref())? {
+        let started = Instant::now();
+        eprintln!("relay-bench: {} at {}", target.label(), target::redact(&target.url));
+        let ctx = Ctx { target, quick: args.quick, rounds, budget, out: args.out.clone(), plots: args.plots.clone() };
+        for name in &names {
+            scenarios::run(&ctx, name).await?;
+        }
+        eprintln!("relay-bench: {} done in {:.1?}", ctx.target.label(), started.elapsed());
     }
-    let (mut published, mut passes) = (0, 0);
-    for task in tasks {
-        let (p, n) = task.await??;
-        published += p;
-        passes += n;
-    }
-    let drain = started.elapsed();
-    println!(
-        "{} relay(s), batch {}, {:?} claims: published {published} in {passes} passes in {:.2?}: {:.0} events/s",
-        args.relays,
-        args.batch,
-        if args.lease { "lease" } else { "transaction" },
-        drain,
-        published as f64 / drain.as_secs_f64()
-    );
     Ok(())
 }
