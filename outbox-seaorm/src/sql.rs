@@ -83,3 +83,50 @@ pub(crate) fn any_aggregate<'k>(sql: &mut Sql, keys: impl IntoIterator<Item = (&
         sql.bind(aggregate_type).push(", ").bind(aggregate_id);
     });
 }
+
+/// `SELECT {select} FROM {table} WHERE {key columns} match one of the keys AND {filter} {suffix}`, with
+/// one index lookup per key on every backend.
+///
+/// PostgreSQL factors a long `OR` (which a row-value `IN` list becomes) into a common index condition plus
+/// a filter, which walks every row sharing, say, the aggregate type; there the keys become a `VALUES` list
+/// joined `LATERAL`ly, so each is a parameterised index scan (and `FOR UPDATE` in `suffix` locks per key).
+pub(crate) struct KeyedSelect<'a> {
+    pub(crate) select: &'a str,
+    pub(crate) table: &'a str,
+    pub(crate) key_columns: &'a [&'a str],
+    pub(crate) suffix: &'a str,
+}
+
+impl KeyedSelect<'_> {
+    /// Writes the statement into `sql`: `write` binds one key's values, `filter` adds the other conditions.
+    pub(crate) fn write<T>(
+        &self,
+        sql: &mut Sql,
+        keys: impl IntoIterator<Item = T>,
+        mut write: impl FnMut(&mut Sql, T),
+        filter: impl FnOnce(&mut Sql),
+    ) {
+        if sql.backend == DbBackend::Postgres {
+            let names: Vec<String> = (0..self.key_columns.len()).map(|i| format!("k{i}")).collect();
+            sql.push("SELECT x.* FROM (VALUES ");
+            sql.join(keys, ", ", |sql, key| {
+                sql.push("(");
+                write(sql, key);
+                sql.push(")");
+            });
+            sql.push(") AS k (").push(&names.join(", ")).push(") CROSS JOIN LATERAL (SELECT ").push(self.select);
+            sql.push(" FROM ").push(self.table).push(" WHERE ");
+            for (column, name) in self.key_columns.iter().zip(&names) {
+                sql.push(column).push(" = k.").push(name).push(" AND ");
+            }
+            filter(sql);
+            sql.push(self.suffix).push(") x");
+        } else {
+            sql.push("SELECT ").push(self.select).push(" FROM ").push(self.table).push(" WHERE ");
+            in_tuples(sql, &self.key_columns.join(", "), keys, write);
+            sql.push(" AND ");
+            filter(sql);
+            sql.push(self.suffix);
+        }
+    }
+}

@@ -24,7 +24,7 @@ use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, QueryResul
 use outbox_core::{ClaimRequest, DeadLetterPolicy, EventId, Headers, OutboxEvent};
 
 use super::hints::Hint;
-use crate::sql::{Sql, in_tuples};
+use crate::sql::{KeyedSelect, Sql};
 
 /// Most candidate pages one claim reads before it settles for what it has (other relays hold the rest).
 const MAX_ROUNDS: usize = 8;
@@ -33,6 +33,8 @@ const MAX_ROUNDS: usize = 8;
 pub(super) struct Claimed {
     pub(super) events: Vec<OutboxEvent>,
     pub(super) hints: Vec<Hint>,
+    /// `last_version` of each claimed aggregate as the claim read it: a run that ends there drained it.
+    pub(super) last_versions: HashMap<(String, String), i64>,
 }
 
 /// An aggregate with work, as step 1 found it.
@@ -59,7 +61,7 @@ fn payload_columns(backend: DbBackend) -> &'static str {
 pub(super) async fn claim_runs(txn: &DatabaseTransaction, request: &ClaimRequest) -> Result<Claimed, DbErr> {
     let now_ms = request.now.timestamp_millis();
     let limit = request.limit as usize;
-    let mut claimed = Claimed { events: Vec::new(), hints: Vec::new() };
+    let mut claimed = Claimed { events: Vec::new(), hints: Vec::new(), last_versions: HashMap::new() };
     let mut after: Option<(i64, String, String)> = None;
     let mut pending_candidates: std::collections::VecDeque<Candidate> = Default::default();
     let mut exhausted = false;
@@ -164,7 +166,7 @@ async fn candidates(
 
 /// Most keys in one `IN` list: PostgreSQL expands a row-value list into nested `OR`s, whose depth its
 /// stack bounds.
-const KEYS_PER_STATEMENT: usize = 1000;
+const KEYS_PER_STATEMENT: usize = 250;
 
 /// Which rows to fetch.
 enum Keys<'r> {
@@ -185,39 +187,48 @@ async fn fetch(txn: &DatabaseTransaction, keys: Keys<'_>, lock: Option<i64>) -> 
     let mut rows = Vec::new();
     for chunk in chunks {
         let mut sql = Sql::new(backend);
-        sql.push("SELECT ").push(CLAIM_COLUMNS).push(", ").push(payload_columns(backend));
-        sql.push(" FROM outbox_events");
-        if backend == DbBackend::MySql && lock.is_some() {
-            // Point lookups by primary key lock only the claimed rows; through a secondary index MariaDB
-            // would take next-key (gap) locks that make every enqueue wait for the claim.
-            sql.push(" FORCE INDEX (PRIMARY)");
-        }
-        sql.push(" WHERE published_at_ms IS NULL AND ");
+        let select = format!("{CLAIM_COLUMNS}, {}", payload_columns(backend));
+        let filter = |sql: &mut Sql| {
+            sql.push("published_at_ms IS NULL");
+            if let Some(now_ms) = lock {
+                sql.push(" AND dead_at_ms IS NULL AND next_attempt_at_ms <= ")
+                    .bind(now_ms)
+                    .push(" AND (lease_until_ms IS NULL OR lease_until_ms <= ")
+                    .bind(now_ms)
+                    .push(")");
+            }
+        };
+        let suffix = if lock.is_some() && backend != DbBackend::Sqlite { " FOR UPDATE SKIP LOCKED" } else { "" };
         match &chunk {
-            Keys::Versions(keys) => {
-                in_tuples(&mut sql, "aggregate_type, aggregate_id, aggregate_version", keys, |sql, (c, version)| {
+            Keys::Versions(keys) => KeyedSelect {
+                select: &select,
+                table: "outbox_events",
+                key_columns: &["aggregate_type", "aggregate_id", "aggregate_version"],
+                suffix,
+            }
+            .write(
+                &mut sql,
+                keys,
+                |sql, (c, version)| {
                     sql.bind(c.aggregate_type.as_str())
                         .push(", ")
                         .bind(c.aggregate_id.as_str())
                         .push(", ")
                         .bind(*version);
-                });
-            }
+                },
+                filter,
+            ),
             Keys::Seqs(seqs) => {
-                sql.push("seq IN (").join(seqs, ", ", |sql, seq| {
+                // Point lookups by primary key lock only the claimed rows; through a secondary index MariaDB
+                // would take next-key (gap) locks that make every enqueue wait for the claim.
+                let hint = if backend == DbBackend::MySql { " FORCE INDEX (PRIMARY)" } else { "" };
+                sql.push("SELECT ").push(&select).push(" FROM outbox_events").push(hint).push(" WHERE seq IN (");
+                sql.join(seqs, ", ", |sql, seq| {
                     sql.bind(*seq);
                 });
-                sql.push(")");
-            }
-        }
-        if let Some(now_ms) = lock {
-            sql.push(" AND dead_at_ms IS NULL AND next_attempt_at_ms <= ")
-                .bind(now_ms)
-                .push(" AND (lease_until_ms IS NULL OR lease_until_ms <= ")
-                .bind(now_ms)
-                .push(")");
-            if backend != DbBackend::Sqlite {
-                sql.push(" FOR UPDATE SKIP LOCKED");
+                sql.push(") AND ");
+                filter(&mut sql);
+                sql.push(suffix);
             }
         }
         rows.extend(txn.query_all_raw(sql.build()).await?);
@@ -296,6 +307,7 @@ async fn take_runs(
             }
             claimed.events.push(decode_row(row)?);
         }
+        claimed.last_versions.insert(key, candidate.last_version);
     }
     Ok(())
 }

@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 
 use sea_orm::{ConnectionTrait, DbBackend, DbErr};
 
-use crate::sql::{Sql, any_aggregate, in_tuples};
+use crate::sql::{KeyedSelect, Sql};
 
 /// Aggregates per hint statement (4 bound values each, twice).
-const HINTS_PER_STATEMENT: usize = 1000;
+const HINTS_PER_STATEMENT: usize = 250;
 
 /// What to set one aggregate's `due_at_ms` to, encoded for one upsert (`last_version`, `due_at_ms`):
 /// `(-1, t)` sets `t`; `(v, NULL)` clears it if `last_version = v` and keeps it otherwise; `(v, t)` clears
@@ -79,9 +79,22 @@ pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -
             DbBackend::Sqlite => chunk.iter().collect::<Vec<_>>(),
             _ => {
                 let mut lock = Sql::new(backend);
-                lock.push("SELECT aggregate_type, aggregate_id FROM outbox_aggregates WHERE ");
-                any_aggregate(&mut lock, chunk.iter().map(|h| (h.aggregate_type.as_str(), h.aggregate_id.as_str())));
-                lock.push(" FOR UPDATE SKIP LOCKED");
+                KeyedSelect {
+                    select: "aggregate_type, aggregate_id",
+                    table: "outbox_aggregates",
+                    key_columns: &["aggregate_type", "aggregate_id"],
+                    suffix: " FOR UPDATE SKIP LOCKED",
+                }
+                .write(
+                    &mut lock,
+                    chunk,
+                    |sql, h| {
+                        sql.bind(h.aggregate_type.as_str()).push(", ").bind(h.aggregate_id.as_str());
+                    },
+                    |sql| {
+                        sql.push("1 = 1");
+                    },
+                );
                 let mut free = std::collections::HashSet::new();
                 for row in txn.query_all_raw(lock.build()).await? {
                     free.insert((
@@ -135,14 +148,26 @@ async fn next_due<C: ConnectionTrait>(txn: &C, hints: Vec<&Hint>) -> Result<Vec<
     let mut found = std::collections::HashMap::new();
     if !after.is_empty() {
         let mut read = Sql::new(txn.get_database_backend());
-        read.push("SELECT aggregate_type, aggregate_id, next_attempt_at_ms FROM outbox_events WHERE ");
-        in_tuples(&mut read, "aggregate_type, aggregate_id, aggregate_version", &after, |sql, hint| {
-            sql.bind(hint.aggregate_type.as_str())
-                .push(", ")
-                .bind(hint.aggregate_id.as_str())
-                .push(", ")
-                .bind(hint.version + 1);
-        });
+        KeyedSelect {
+            select: "aggregate_type, aggregate_id, next_attempt_at_ms",
+            table: "outbox_events",
+            key_columns: &["aggregate_type", "aggregate_id", "aggregate_version"],
+            suffix: "",
+        }
+        .write(
+            &mut read,
+            &after,
+            |sql, hint| {
+                sql.bind(hint.aggregate_type.as_str())
+                    .push(", ")
+                    .bind(hint.aggregate_id.as_str())
+                    .push(", ")
+                    .bind(hint.version + 1);
+            },
+            |sql| {
+                sql.push("1 = 1");
+            },
+        );
         for row in txn.query_all_raw(read.build()).await? {
             found.insert(
                 (row.try_get::<String>("", "aggregate_type")?, row.try_get::<String>("", "aggregate_id")?),

@@ -78,6 +78,8 @@ pub struct SeaOrmBatch {
     events: Vec<OutboxEvent>,
     /// What the claim learned about aggregates it could not take.
     hints: Vec<Hint>,
+    /// `last_version` of each claimed aggregate as the claim read it.
+    last_versions: std::collections::HashMap<(String, String), i64>,
     dead_letters: DeadLetterPolicy,
     hold: Hold,
 }
@@ -102,7 +104,8 @@ impl OutboxStore for SeaOrmStore {
 
     async fn claim(&self, request: ClaimRequest) -> Result<SeaOrmBatch> {
         let txn = self.begin().await?;
-        let Claimed { events, hints } = claim::claim_runs(&txn, &request).await.map_err(self.err("claim a batch"))?;
+        let Claimed { events, hints, last_versions } =
+            claim::claim_runs(&txn, &request).await.map_err(self.err("claim a batch"))?;
         let dead_letters = request.dead_letters;
         if events.is_empty() {
             if hints.is_empty() {
@@ -111,7 +114,7 @@ impl OutboxStore for SeaOrmStore {
                 hints::write_hints(&txn, hints).await.map_err(self.err("update aggregate hints"))?;
                 txn.commit().await.map_err(self.err("commit aggregate hints"))?;
             }
-            return Ok(SeaOrmBatch { events, hints: Vec::new(), dead_letters, hold: Hold::Nothing });
+            return Ok(SeaOrmBatch { events, hints: Vec::new(), last_versions, dead_letters, hold: Hold::Nothing });
         }
         let hold = match request.mode {
             ClaimMode::Transaction => Hold::Transaction(txn),
@@ -130,7 +133,7 @@ impl OutboxStore for SeaOrmStore {
             }
         };
         tracing::debug!(claimed = events.len(), "outbox batch claimed");
-        Ok(SeaOrmBatch { events, hints, dead_letters, hold })
+        Ok(SeaOrmBatch { events, hints, last_versions, dead_letters, hold })
     }
 
     async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats> {
@@ -344,7 +347,14 @@ impl SeaOrmBatch {
                 *top = Ord::max(*top, event.aggregate_version);
             }
         }
-        hints.extend(published.into_iter().map(|((t, i), version)| Hint::after(t, i, version, fallback_ms)));
+        hints.extend(published.into_iter().map(|((t, i), version)| {
+            // A run that reached the last version the claim saw drained the aggregate, unless a writer added
+            // more since, which the conditional clear checks under the lock; no need to look up the next.
+            match self.last_versions.get(&(t.to_owned(), i.to_owned())) {
+                Some(last) if *last <= version => Hint::clear_if_unchanged(t, i, version),
+                _ => Hint::after(t, i, version, fallback_ms),
+            }
+        }));
         hints
     }
 }
