@@ -75,53 +75,48 @@ pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -
     }
     let hints: Vec<Hint> = latest.into_values().collect();
     for chunk in hints.chunks(HINTS_PER_STATEMENT) {
-        let free = match backend {
-            DbBackend::Sqlite => chunk.iter().collect::<Vec<_>>(),
-            _ => {
-                let mut lock = Sql::new(backend);
-                KeyedSelect {
-                    select: "aggregate_type, aggregate_id",
-                    table: "outbox_aggregates",
-                    key_columns: &["aggregate_type", "aggregate_id"],
-                    suffix: " FOR UPDATE SKIP LOCKED",
-                }
-                .write(
-                    &mut lock,
-                    chunk,
-                    |sql, h| {
-                        sql.bind(h.aggregate_type.as_str()).push(", ").bind(h.aggregate_id.as_str());
-                    },
-                    |sql| {
-                        sql.push("1 = 1");
-                    },
-                );
-                let mut free = std::collections::HashSet::new();
-                for row in txn.query_all_raw(lock.build()).await? {
-                    free.insert((
-                        row.try_get::<String>("", "aggregate_type")?,
-                        row.try_get::<String>("", "aggregate_id")?,
-                    ));
-                }
-                chunk.iter().filter(|h| free.contains(&(h.aggregate_type.clone(), h.aggregate_id.clone()))).collect()
-            }
+        // Before the locks: a `v + 1` committed after this read also raised `last_version`, which the
+        // upsert checks under the lock, so the worst a stale read costs is the fallback time.
+        let chunk = next_due(txn, chunk.iter().collect()).await?;
+        let values = |sql: &mut Sql, hints: &[&Hint]| {
+            sql.join(hints, ", ", |sql, hint| {
+                sql.push("(")
+                    .bind(hint.aggregate_type.as_str())
+                    .push(", ")
+                    .bind(hint.aggregate_id.as_str())
+                    .push(", ")
+                    .bind(hint.version)
+                    .push(", ")
+                    .bind(hint.due)
+                    .push(")");
+            });
         };
-        if free.is_empty() {
-            continue;
-        }
-        let free = next_due(txn, free).await?;
         let mut upsert = Sql::new(backend);
-        upsert.push("INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_version, due_at_ms) VALUES ");
-        upsert.join(&free, ", ", |sql, hint| {
-            sql.push("(")
-                .bind(hint.aggregate_type.as_str())
-                .push(", ")
-                .bind(hint.aggregate_id.as_str())
-                .push(", ")
-                .bind(hint.version)
-                .push(", ")
-                .bind(hint.due)
-                .push(")");
-        });
+        upsert.push("INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_version, due_at_ms) ");
+        match backend {
+            DbBackend::Postgres => {
+                // Locking and writing in one statement: the LATERAL lock skips rows a writer holds, so they
+                // never reach the upsert (which would wait for them).
+                upsert.push("SELECT k.t, k.i, k.v, k.d FROM (VALUES ");
+                values(&mut upsert, &chunk.iter().collect::<Vec<_>>());
+                upsert.push(
+                    ") AS k (t, i, v, d) CROSS JOIN LATERAL (SELECT 1 FROM outbox_aggregates a \
+                     WHERE a.aggregate_type = k.t AND a.aggregate_id = k.i FOR UPDATE SKIP LOCKED) l",
+                );
+            }
+            DbBackend::MySql => {
+                let free = lock_free_rows(txn, &chunk).await?;
+                if free.is_empty() {
+                    continue;
+                }
+                upsert.push("VALUES ");
+                values(&mut upsert, &free);
+            }
+            _ => {
+                upsert.push("VALUES ");
+                values(&mut upsert, &chunk.iter().collect::<Vec<_>>());
+            }
+        }
         let (v, due) = match backend {
             DbBackend::MySql => ("VALUES(last_version)", "VALUES(due_at_ms)"),
             _ => ("excluded.last_version", "excluded.due_at_ms"),
@@ -139,10 +134,34 @@ pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -
     Ok(())
 }
 
+/// MySQL: the hints whose aggregate rows this transaction could lock (`SKIP LOCKED`: a writer's are left).
+async fn lock_free_rows<'h, C: ConnectionTrait>(txn: &C, hints: &'h [Hint]) -> Result<Vec<&'h Hint>, DbErr> {
+    let mut lock = Sql::new(txn.get_database_backend());
+    KeyedSelect {
+        select: "aggregate_type, aggregate_id",
+        table: "outbox_aggregates",
+        key_columns: &["aggregate_type", "aggregate_id"],
+        suffix: " FOR UPDATE SKIP LOCKED",
+    }
+    .write(
+        &mut lock,
+        hints,
+        |sql, h| {
+            sql.bind(h.aggregate_type.as_str()).push(", ").bind(h.aggregate_id.as_str());
+        },
+        |sql| {
+            sql.push("1 = 1");
+        },
+    );
+    let mut free = std::collections::HashSet::new();
+    for row in txn.query_all_raw(lock.build()).await? {
+        free.insert((row.try_get::<String>("", "aggregate_type")?, row.try_get::<String>("", "aggregate_id")?));
+    }
+    Ok(hints.iter().filter(|h| free.contains(&(h.aggregate_type.clone(), h.aggregate_id.clone()))).collect())
+}
+
 /// For hints "after version `v`" (`due` set, `v >= 0`): the retry time of event `v + 1` where this
-/// transaction can see it, the fallback otherwise. Read after the rows are locked, so a writer that
-/// committed `v + 1` before is seen; one that commits later also raised `last_version`, which the upsert
-/// checks under the lock.
+/// transaction can see it, the fallback otherwise.
 async fn next_due<C: ConnectionTrait>(txn: &C, hints: Vec<&Hint>) -> Result<Vec<Hint>, DbErr> {
     let after: Vec<&Hint> = hints.iter().copied().filter(|h| h.version >= 0 && h.due.is_some()).collect();
     let mut found = std::collections::HashMap::new();
