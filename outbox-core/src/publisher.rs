@@ -39,8 +39,9 @@ impl PublishError {
 /// Sends events to a broker.
 ///
 /// The returned vector has one entry per input event, in the same order: `Ok` only once the broker has
-/// acknowledged that event durably. Events of one aggregate never share a batch, so an implementation may
-/// publish a batch's events concurrently.
+/// acknowledged that event durably. Events of one aggregate never share a call: the relay sends an
+/// aggregate's run one event per call (in waves across aggregates) and the next only after this one was
+/// confirmed, so an implementation may publish a call's events concurrently without breaking order.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an outbox publisher",
     note = "implement `outbox_core::Publisher` for it, or use one of the broker adapters"

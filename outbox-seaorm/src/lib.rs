@@ -31,7 +31,8 @@
 //! | several relays at once | yes, `SKIP LOCKED` | yes, `SKIP LOCKED` | they take turns (`BEGIN IMMEDIATE`) |
 //! | enqueue while a relay publishes | never waits | never waits (no gap locks) | waits for the relay's transaction (use lease mode) |
 //! | inbox dedup | `ON CONFLICT DO NOTHING` | `INSERT IGNORE` | `ON CONFLICT DO NOTHING` |
-//! | claim statements | 1 (after a `SET LOCAL` that pins the plan) | 2 | 1 |
+//! | claim statements | 3 | 4 (plain read, then locks by primary key) | 2 |
+//! | concurrent writers of one aggregate | commit in order (row lock) | commit in order (row lock) | one writer at a time |
 
 //!
 //! ## Features
