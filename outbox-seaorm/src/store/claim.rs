@@ -3,7 +3,7 @@
 //!
 //! Every step reads a number of rows bounded by the batch size, whatever the backlog:
 //! 1. candidates: `outbox_aggregates` rows due now, soonest first (index `outbox_aggregates_due`), each
-//!    with its head version, a `MIN` over `outbox_events_runs` that stops at the first pending entry;
+//!    with its head version, the first entry of `outbox_events_runs` for that aggregate;
 //! 2. the heads, by `(aggregate, version)`, locked with `FOR UPDATE SKIP LOCKED` and only if claimable
 //!    (due, not dead, not leased);
 //! 3. the rest of each run whose head this relay now holds, versions `head + 1 ..` cut to the remaining
@@ -128,14 +128,17 @@ async fn candidates(
     let mut sql = Sql::new(backend);
     sql.push(
         "SELECT a.aggregate_type, a.aggregate_id, a.last_version, a.due_at_ms, \
-         (SELECT MIN(e.aggregate_version) FROM outbox_events e \
+         (SELECT e.aggregate_version FROM outbox_events e \
          WHERE e.aggregate_type = a.aggregate_type AND e.aggregate_id = a.aggregate_id \
          AND e.published_at_ms IS NULL",
     );
     if request.dead_letters == DeadLetterPolicy::SkipDead {
         sql.push(" AND e.dead_at_ms IS NULL");
     }
-    sql.push(") AS head FROM outbox_aggregates a WHERE a.due_at_ms <= ").bind(request.now.timestamp_millis());
+    // `ORDER BY … LIMIT 1`, not `MIN`: MariaDB reads every pending entry of the aggregate for a correlated
+    // `MIN` (130 per candidate in a 300k backlog, 100k for a hot aggregate); this stops at the first.
+    sql.push(" ORDER BY e.aggregate_version LIMIT 1) AS head FROM outbox_aggregates a WHERE a.due_at_ms <= ");
+    sql.bind(request.now.timestamp_millis());
     if let Some((due, aggregate_type, aggregate_id)) = after {
         sql.push(" AND (a.due_at_ms > ")
             .bind(*due)
