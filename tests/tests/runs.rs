@@ -255,3 +255,33 @@ async fn a_relay_that_dies_halfway_through_a_run_leaves_it_whole_for_the_next() 
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_tail_under_skip_dead_stops_being_claimed_until_a_replay_brings_it_back() {
+    use outbox_seaorm::entity::outbox_aggregate;
+    use sea_orm::EntityTrait;
+    for t in all_backends("runs_dead_tail_replay").await {
+        enqueue_committed(&t, &[event("x", "e1", 1)]).await;
+        let broker = InMemoryPublisher::new();
+        let publisher = FailsOnce { broker: broker.clone(), event_type: Mutex::new(Some("e1".into())) };
+        let config = fast_config().with_max_attempts(1).with_dead_letters(DeadLetterPolicy::SkipDead);
+        let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, config).expect("config");
+
+        let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(pass.dead, 1, "{t}: {pass:?}");
+        let hint = |t: &outbox_integration_tests::TestDb| {
+            let db = t.db.clone();
+            async move {
+                let rows = outbox_aggregate::Entity::find().all(&db).await.expect("read outbox_aggregates");
+                rows.into_iter().find(|a| a.aggregate_id == "x").map(|a| a.due_at_ms)
+            }
+        };
+        assert_eq!(hint(&t).await, Some(None), "{t}: nothing claimable is left, so no claim looks at x again");
+
+        assert_eq!(relay.store().replay_dead(chrono::Utc::now()).await.unwrap_or_else(|e| panic!("{t}: {e}")), 1);
+        assert!(hint(&t).await.flatten().is_some(), "{t}: the replay made x due again");
+        let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(pass.published, 1, "{t}: {pass:?}");
+        assert_eq!(arrivals(&broker), ["x:e1"], "{t}");
+    }
+}

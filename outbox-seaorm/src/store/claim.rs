@@ -90,12 +90,14 @@ pub(super) async fn claim_runs(txn: &DatabaseTransaction, request: &ClaimRequest
         while left > 0 {
             let Some(candidate) = pending_candidates.pop_front() else { break };
             match candidate.head {
-                // Under SkipDead the head ignores dead rows, which a replay may revive at any time: only an
-                // aggregate with no unpublished row at all is cleared.
-                None if request.dead_letters == DeadLetterPolicy::BlockAggregate => {
-                    claimed.hints.push(Hint::clear(&candidate, candidate.last_version));
-                }
-                None => {}
+                // Nothing pending (under SkipDead: nothing but dead rows, which a replay may revive, so the
+                // clear is a compare-and-set on the hint the replay changes).
+                None => claimed.hints.push(Hint::clear_if_still(
+                    &candidate.aggregate_type,
+                    &candidate.aggregate_id,
+                    candidate.last_version,
+                    candidate.due_at_ms,
+                )),
                 Some(head) => {
                     let take = (candidate.last_version - head + 1).clamp(1, left);
                     left -= take;
@@ -109,12 +111,6 @@ pub(super) async fn claim_runs(txn: &DatabaseTransaction, request: &ClaimRequest
         take_runs(txn, now_ms, &round, &mut claimed).await?;
     }
     Ok(claimed)
-}
-
-impl Hint {
-    fn clear(candidate: &Candidate, last_version: i64) -> Hint {
-        Hint::clear_if_unchanged(&candidate.aggregate_type, &candidate.aggregate_id, last_version)
-    }
 }
 
 /// Step 1: due aggregates after `after` (keyset paging), soonest first, with their head versions.

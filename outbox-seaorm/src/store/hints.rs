@@ -16,8 +16,10 @@ use crate::sql::{KeyedSelect, Sql};
 const HINTS_PER_STATEMENT: usize = 250;
 
 /// What to set one aggregate's `due_at_ms` to, encoded for one upsert (`last_version`, `due_at_ms`):
-/// `(-1, t)` sets `t`; `(v, NULL)` clears it if `last_version = v` and keeps it otherwise; `(v, t)` clears
-/// it if `last_version = v` and otherwise sets the retry time of event `v + 1` (`t` if not visible).
+/// `(-1, t)` sets `t`; `(v, NULL)` clears it if `last_version = v` and keeps it otherwise; `(v, -d - 1)`
+/// clears it only if also `due_at_ms = d` still (a compare-and-set, for what a claim read from an older
+/// snapshot); `(v, t)` clears it if `last_version = v` and otherwise sets the retry time of event `v + 1`
+/// (`t` if not visible).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Hint {
     aggregate_type: String,
@@ -27,6 +29,17 @@ pub(super) struct Hint {
 }
 
 impl Hint {
+    /// A claim saw nothing pending up to `last_version` while the hint read `due_at_ms`: clear it unless
+    /// either changed since (a writer added events, a replay revived dead ones).
+    pub(super) fn clear_if_still(aggregate_type: &str, aggregate_id: &str, last_version: i64, due_at_ms: i64) -> Hint {
+        Hint {
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            version: last_version,
+            due: Some(-due_at_ms.max(0) - 1),
+        }
+    }
+
     /// Nothing was pending up to `last_version`.
     pub(super) fn clear_if_unchanged(aggregate_type: &str, aggregate_id: &str, last_version: i64) -> Hint {
         Hint {
@@ -126,7 +139,10 @@ pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -
             _ => " ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET ",
         });
         upsert.push(&format!(
-            "due_at_ms = CASE WHEN {v} < 0 THEN {due} WHEN outbox_aggregates.last_version = {v} THEN NULL \
+            "due_at_ms = CASE WHEN {v} < 0 THEN {due} \
+             WHEN {due} < 0 THEN CASE WHEN outbox_aggregates.last_version = {v} \
+             AND outbox_aggregates.due_at_ms = -{due} - 1 THEN NULL ELSE outbox_aggregates.due_at_ms END \
+             WHEN outbox_aggregates.last_version = {v} THEN NULL \
              WHEN {due} IS NULL THEN outbox_aggregates.due_at_ms ELSE {due} END"
         ));
         txn.execute_raw(upsert.build()).await?;
@@ -163,7 +179,7 @@ async fn lock_free_rows<'h, C: ConnectionTrait>(txn: &C, hints: &'h [Hint]) -> R
 /// For hints "after version `v`" (`due` set, `v >= 0`): the retry time of event `v + 1` where this
 /// transaction can see it, the fallback otherwise.
 async fn next_due<C: ConnectionTrait>(txn: &C, hints: Vec<&Hint>) -> Result<Vec<Hint>, DbErr> {
-    let after: Vec<&Hint> = hints.iter().copied().filter(|h| h.version >= 0 && h.due.is_some()).collect();
+    let after: Vec<&Hint> = hints.iter().copied().filter(|h| h.version >= 0 && h.due.is_some_and(|d| d >= 0)).collect();
     let mut found = std::collections::HashMap::new();
     if !after.is_empty() {
         let mut read = Sql::new(txn.get_database_backend());
@@ -198,7 +214,7 @@ async fn next_due<C: ConnectionTrait>(txn: &C, hints: Vec<&Hint>) -> Result<Vec<
         .into_iter()
         .map(|hint| {
             let mut hint = hint.clone();
-            if hint.version >= 0 && hint.due.is_some() {
+            if hint.version >= 0 && hint.due.is_some_and(|d| d >= 0) {
                 let key = (hint.aggregate_type.clone(), hint.aggregate_id.clone());
                 if let Some(next) = found.get(&key) {
                     hint.due = Some(*next);

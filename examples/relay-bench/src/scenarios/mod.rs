@@ -20,8 +20,9 @@ use crate::report::Run;
 use crate::target::Target;
 
 /// Every scenario name, in run order.
-pub const ALL: [&str; 11] = [
+pub const ALL: [&str; 12] = [
     "aggregates",
+    "backlog",
     "batch",
     "relays",
     "lease",
@@ -67,6 +68,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> Result<()> {
     let started = Instant::now();
     match name {
         "aggregates" => throughput::aggregates(ctx).await,
+        "backlog" => throughput::backlog(ctx).await,
         "batch" => throughput::batch(ctx).await,
         "relays" => throughput::relays(ctx).await,
         "lease" => throughput::lease(ctx).await,

@@ -112,6 +112,25 @@ pub async fn lease(ctx: &Ctx) -> Result<()> {
     table.emit(ctx.out.as_deref())
 }
 
+/// The same drain with a growing pending backlog over 10,000 aggregates: a claim whose cost depends on the
+/// batch drains each at the same rate.
+pub async fn backlog(ctx: &Ctx) -> Result<()> {
+    let sizes: Vec<usize> = if ctx.quick { vec![5_000, 20_000] } else { vec![20_000, 100_000, 300_000] };
+    let list: Vec<_> =
+        sizes.iter().map(|&events| (Variant::Ours(config(1000)), Shape { events, aggregates: 10_000 }, 1)).collect();
+    let runs = alternate(ctx, &list).await?;
+    let mut table = Table::new(
+        ctx.title("backlog: pending events over 10,000 aggregates, batch 1000, 1 relay, events/s"),
+        &RATE_HEADER,
+    );
+    let first = median_rate(&runs[0]);
+    for (i, runs) in runs.iter().enumerate() {
+        let base = if i == 0 { None } else { Some(first) };
+        table.rate_row(&format!("{} pending", sizes[i]), "ours", runs, base, "events/s");
+    }
+    table.emit(ctx.out.as_deref())
+}
+
 /// Already-published rows retained in the outbox before the backlog.
 pub async fn retained(ctx: &Ctx) -> Result<()> {
     let shape = Shape { events: ctx.size(100_000, 10_000), aggregates: 10_000 };
