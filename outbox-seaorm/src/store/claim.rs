@@ -33,8 +33,9 @@ const MAX_ROUNDS: usize = 8;
 pub(super) struct Claimed {
     pub(super) events: Vec<OutboxEvent>,
     pub(super) hints: Vec<Hint>,
-    /// `last_version` of each claimed aggregate as the claim read it: a run that ends there drained it.
-    pub(super) last_versions: HashMap<(String, String), i64>,
+    /// `(last_version, due_at_ms)` of each claimed aggregate as the claim read them: a run that ends at that
+    /// version drained the aggregate, unless the hint changed meanwhile (a replay).
+    pub(super) last_versions: HashMap<(String, String), (i64, i64)>,
 }
 
 /// An aggregate with work, as step 1 found it.
@@ -306,7 +307,7 @@ async fn take_runs(
             }
             claimed.events.push(decode_row(row)?);
         }
-        claimed.last_versions.insert(key, candidate.last_version);
+        claimed.last_versions.insert(key, (candidate.last_version, candidate.due_at_ms));
     }
     Ok(())
 }

@@ -1,10 +1,10 @@
 //! `outbox_aggregates.due_at_ms` as a hint the relay keeps up to date: when to look at an aggregate next.
 //!
 //! A hint only steers the claim; correctness never depends on it. A stale "due" costs one cheap probe; it
-//! can never hide work, because every enqueue sets `due_at_ms` (if empty) in the writer's transaction,
-//! and the relay clears it only under the row lock and only while `last_version` still equals the version
-//! it saw drained. The relay never waits for a writer: rows a writer holds are skipped (`SKIP LOCKED`)
-//! and keep their old hint.
+//! can never hide work, because every enqueue sets `due_at_ms` (if empty) in the writer's transaction, a
+//! replay sets it for what it revives, and the relay clears it only under the row lock and only while
+//! `last_version` and `due_at_ms` are still what its claim read. The relay never waits for a writer: rows a
+//! writer holds are skipped (`SKIP LOCKED`) and keep their old hint.
 
 use std::collections::BTreeMap;
 
@@ -12,14 +12,13 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr};
 
 use crate::sql::{KeyedSelect, Sql};
 
-/// Aggregates per hint statement (4 bound values each, twice).
+/// Aggregates per hint statement (4 bound values each).
 const HINTS_PER_STATEMENT: usize = 250;
 
 /// What to set one aggregate's `due_at_ms` to, encoded for one upsert (`last_version`, `due_at_ms`):
-/// `(-1, t)` sets `t`; `(v, NULL)` clears it if `last_version = v` and keeps it otherwise; `(v, -d - 1)`
-/// clears it only if also `due_at_ms = d` still (a compare-and-set, for what a claim read from an older
-/// snapshot); `(v, t)` clears it if `last_version = v` and otherwise sets the retry time of event `v + 1`
-/// (`t` if not visible).
+/// `(-1, t)` sets `t`; `(v, -d - 1)` clears it if `last_version = v` and `due_at_ms = d` still (a
+/// compare-and-set against what the claim read) and keeps it otherwise; `(v, t)` clears it if
+/// `last_version = v` and otherwise sets the retry time of event `v + 1` (`t` if not visible).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Hint {
     aggregate_type: String,
@@ -37,16 +36,6 @@ impl Hint {
             aggregate_id: aggregate_id.to_owned(),
             version: last_version,
             due: Some(-due_at_ms.max(0) - 1),
-        }
-    }
-
-    /// Nothing was pending up to `last_version`.
-    pub(super) fn clear_if_unchanged(aggregate_type: &str, aggregate_id: &str, last_version: i64) -> Hint {
-        Hint {
-            aggregate_type: aggregate_type.to_owned(),
-            aggregate_id: aggregate_id.to_owned(),
-            version: last_version,
-            due: None,
         }
     }
 
@@ -142,8 +131,7 @@ pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -
             "due_at_ms = CASE WHEN {v} < 0 THEN {due} \
              WHEN {due} < 0 THEN CASE WHEN outbox_aggregates.last_version = {v} \
              AND outbox_aggregates.due_at_ms = -{due} - 1 THEN NULL ELSE outbox_aggregates.due_at_ms END \
-             WHEN outbox_aggregates.last_version = {v} THEN NULL \
-             WHEN {due} IS NULL THEN outbox_aggregates.due_at_ms ELSE {due} END"
+             WHEN outbox_aggregates.last_version = {v} THEN NULL ELSE {due} END"
         ));
         txn.execute_raw(upsert.build()).await?;
     }

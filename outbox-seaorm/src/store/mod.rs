@@ -78,8 +78,8 @@ pub struct SeaOrmBatch {
     events: Vec<OutboxEvent>,
     /// What the claim learned about aggregates it could not take.
     hints: Vec<Hint>,
-    /// `last_version` of each claimed aggregate as the claim read it.
-    last_versions: std::collections::HashMap<(String, String), i64>,
+    /// `(last_version, due_at_ms)` of each claimed aggregate as the claim read them.
+    last_versions: std::collections::HashMap<(String, String), (i64, i64)>,
     dead_letters: DeadLetterPolicy,
     hold: Hold,
 }
@@ -199,7 +199,7 @@ impl OutboxStore for SeaOrmStore {
                 break;
             }
         }
-        let rearmed = rearm(&self.db, now, false).await.map_err(self.err("re-arm aggregate hints"))?;
+        let rearmed = rearm(&self.db, now).await.map_err(self.err("re-arm aggregate hints"))?;
         if rearmed > 0 {
             tracing::info!(rearmed, "cleanup found aggregates with due events but no hint, and re-armed them");
         }
@@ -218,9 +218,17 @@ impl OutboxStore for SeaOrmStore {
             .and_where(Expr::col(Column::DeadAtMs).is_not_null())
             .and_where(Expr::col(Column::PublishedAtMs).is_null());
         let replayed = txn.execute(&replay).await.map_err(self.err("replay dead rows"))?.rows_affected();
-        // After the rows, and waiting for any relay that holds an aggregate's row: its hint (blocked, or
-        // drained) was written before this replay could be seen, so this one must land last.
-        rearm(&txn, now, true).await.map_err(self.err("wake replayed aggregates"))?;
+        // After the rows, and waiting for any relay that holds an aggregate's row, whatever its hint says:
+        // a relay's clear is a compare-and-set on the hint, so changing it here is what stops a clear that
+        // was decided before this replay could be seen.
+        let wake = format!(
+            "UPDATE outbox_aggregates SET due_at_ms = {now_ms} WHERE EXISTS (SELECT 1 FROM outbox_events e \
+             WHERE e.aggregate_type = outbox_aggregates.aggregate_type \
+             AND e.aggregate_id = outbox_aggregates.aggregate_id \
+             AND e.published_at_ms IS NULL AND e.dead_at_ms IS NULL AND e.next_attempt_at_ms = {now_ms})",
+            now_ms = now.timestamp_millis()
+        );
+        txn.execute_unprepared(&wake).await.map_err(self.err("wake replayed aggregates"))?;
         txn.commit().await.map_err(self.err("commit a replay"))?;
         Ok(replayed)
     }
@@ -228,17 +236,11 @@ impl OutboxStore for SeaOrmStore {
 
 /// Makes every aggregate with a claimable unpublished row due: the safety net under the hints, for a hint
 /// lost to a race (see [`hints`]). Reads the pending rows once; setting a hint early is always safe.
-/// With `blocked`, aggregates hinted as blocked by a dead head are woken too (after a replay).
-async fn rearm<C: ConnectionTrait>(conn: &C, now: DateTime<Utc>, blocked: bool) -> std::result::Result<u64, DbErr> {
+async fn rearm<C: ConnectionTrait>(conn: &C, now: DateTime<Utc>) -> std::result::Result<u64, DbErr> {
     let now_ms = now.timestamp_millis();
-    let which = if blocked {
-        format!("(due_at_ms IS NULL OR due_at_ms = {})", hints::BLOCKED)
-    } else {
-        "due_at_ms IS NULL".to_owned()
-    };
     let sql = format!(
         "UPDATE outbox_aggregates SET due_at_ms = {now_ms} \
-         WHERE {which} AND EXISTS (SELECT 1 FROM outbox_events e \
+         WHERE due_at_ms IS NULL AND EXISTS (SELECT 1 FROM outbox_events e \
          WHERE e.aggregate_type = outbox_aggregates.aggregate_type AND e.aggregate_id = outbox_aggregates.aggregate_id \
          AND e.published_at_ms IS NULL AND e.dead_at_ms IS NULL AND e.next_attempt_at_ms <= {now_ms})"
     );
@@ -349,9 +351,10 @@ impl SeaOrmBatch {
         }
         hints.extend(published.into_iter().map(|((t, i), version)| {
             // A run that reached the last version the claim saw drained the aggregate, unless a writer added
-            // more since, which the conditional clear checks under the lock; no need to look up the next.
+            // more since or a replay revived older ones, which the compare-and-set clear checks under the
+            // lock; no need to look up the next event.
             match self.last_versions.get(&(t.to_owned(), i.to_owned())) {
-                Some(last) if *last <= version => Hint::clear_if_unchanged(t, i, version),
+                Some((last, due)) if *last <= version => Hint::clear_if_still(t, i, version, *due),
                 _ => Hint::after(t, i, version, fallback_ms),
             }
         }));
