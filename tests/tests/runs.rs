@@ -26,22 +26,18 @@ fn first_deliveries(received: &[OutboxEvent]) -> Vec<OutboxEvent> {
     received.iter().filter(|e| seen.insert(e.id)).cloned().collect()
 }
 
-/// Forwards to an in-memory broker, rejecting the first message of `event_type` once.
-struct FailsOnce {
+/// Forwards to an in-memory broker, rejecting (transiently) each message `reject` says to.
+struct Rejecting<F> {
     broker: InMemoryPublisher,
-    event_type: Mutex<Option<String>>,
+    reject: F,
 }
 
-impl Publisher for FailsOnce {
+impl<F: Fn(&OutboxEvent) -> bool + Send + Sync> Publisher for Rejecting<F> {
     async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), PublishError>> {
         let mut results = Vec::with_capacity(events.len());
         for event in events {
-            let fail = {
-                let mut failing = self.event_type.lock().unwrap_or_else(|p| p.into_inner());
-                failing.take_if(|failing| *failing == event.event_type).is_some()
-            };
-            if fail {
-                results.push(Err(PublishError::transient("broker rejected it once")));
+            if (self.reject)(event) {
+                results.push(Err(PublishError::transient("broker rejected it")));
             } else {
                 results.extend(self.broker.publish(std::slice::from_ref(event)).await);
             }
@@ -50,13 +46,22 @@ impl Publisher for FailsOnce {
     }
 }
 
+/// Rejects the first message of `event_type`, once.
+fn fails_once(broker: &InMemoryPublisher, event_type: &str) -> Rejecting<impl Fn(&OutboxEvent) -> bool + use<>> {
+    let failing = Mutex::new(Some(event_type.to_owned()));
+    let reject = move |event: &OutboxEvent| {
+        failing.lock().unwrap_or_else(|p| p.into_inner()).take_if(|failing| *failing == event.event_type).is_some()
+    };
+    Rejecting { broker: broker.clone(), reject }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_in_the_middle_of_a_run_stops_it_and_the_rest_waits_for_the_retry() {
     for t in all_backends("runs_failure_mid_run").await {
         let events: Vec<_> = (1..=5).map(|n| event("x", &format!("e{n}"), n)).collect();
         enqueue_committed(&t, &events).await;
         let broker = InMemoryPublisher::new();
-        let publisher = FailsOnce { broker: broker.clone(), event_type: Mutex::new(Some("e3".into())) };
+        let publisher = fails_once(&broker, "e3");
         let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).expect("config");
 
         let now = chrono::Utc::now();
@@ -108,28 +113,6 @@ async fn two_writers_of_one_aggregate_are_delivered_in_commit_order() {
     }
 }
 
-/// Forwards to an in-memory broker, rejecting each message with probability `percent` (seeded).
-struct Flaky {
-    broker: InMemoryPublisher,
-    rng: Mutex<Rng>,
-    percent: u64,
-}
-
-impl Publisher for Flaky {
-    async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), PublishError>> {
-        let mut results = Vec::with_capacity(events.len());
-        for event in events {
-            let fail = self.rng.lock().unwrap_or_else(|p| p.into_inner()).below(100) < self.percent;
-            if fail {
-                results.push(Err(PublishError::transient("flaky broker")));
-            } else {
-                results.extend(self.broker.publish(std::slice::from_ref(event)).await);
-            }
-        }
-        results
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_events_of_one_aggregate_drain_in_order_across_four_relays_with_failures() {
     const EVENTS: u64 = 1000;
@@ -137,8 +120,10 @@ async fn a_thousand_events_of_one_aggregate_drain_in_order_across_four_relays_wi
         let events: Vec<_> = (0..EVENTS).map(|n| event("hot", "step", n)).collect();
         enqueue_committed(&t, &events).await;
         let broker = InMemoryPublisher::new();
-        let publisher =
-            std::sync::Arc::new(Flaky { broker: broker.clone(), rng: Mutex::new(Rng::new(7)), percent: 10 });
+        // One message in ten is rejected, at random (seeded).
+        let rng = Mutex::new(Rng::new(7));
+        let reject = move |_: &OutboxEvent| rng.lock().unwrap_or_else(|p| p.into_inner()).below(100) < 10;
+        let publisher = std::sync::Arc::new(Rejecting { broker: broker.clone(), reject });
         let backoff = Backoff { initial: Duration::from_millis(1), max: Duration::from_millis(5), multiplier: 2 };
         let config = RelayConfig::default().with_batch_size(100).with_backoff(backoff).with_max_attempts(10_000);
 
@@ -263,7 +248,7 @@ async fn a_dead_tail_under_skip_dead_stops_being_claimed_until_a_replay_brings_i
     for t in all_backends("runs_dead_tail_replay").await {
         enqueue_committed(&t, &[event("x", "e1", 1)]).await;
         let broker = InMemoryPublisher::new();
-        let publisher = FailsOnce { broker: broker.clone(), event_type: Mutex::new(Some("e1".into())) };
+        let publisher = fails_once(&broker, "e1");
         let config = fast_config().with_max_attempts(1).with_dead_letters(DeadLetterPolicy::SkipDead);
         let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, config).expect("config");
 
