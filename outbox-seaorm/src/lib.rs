@@ -29,7 +29,7 @@
 //! | | PostgreSQL | MySQL 8 / MariaDB 10.6+ | SQLite |
 //! |---|---|---|---|
 //! | several relays at once | yes, `SKIP LOCKED` | yes, `SKIP LOCKED` | they take turns (`BEGIN IMMEDIATE`) |
-//! | enqueue while a relay publishes | never waits | never waits (no gap locks) | waits for the relay's transaction (use lease mode) |
+//! | enqueue while a relay publishes | never waits for the publish | same (no gap locks) | waits for the relay's transaction (use lease mode) |
 //! | inbox dedup | `ON CONFLICT DO NOTHING` | `INSERT IGNORE` | `ON CONFLICT DO NOTHING` |
 //! | claim statements | 3 | 4 (plain read, then locks by primary key) | 2 |
 //! | concurrent writers of one aggregate | commit in order (row lock) | commit in order (row lock) | one writer at a time |
