@@ -15,7 +15,7 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr};
 use outbox_core::{EventId, NewEvent};
 
 use crate::error::{Result, store_error};
-use crate::sql::{Sql, any_aggregate};
+use crate::sql::{KeyedSelect, Sql};
 
 /// Inserts `event` into the outbox through `conn`.
 ///
@@ -158,8 +158,22 @@ async fn write_portable<C: ConnectionTrait>(conn: &C, rows: &Rows<'_>, now_ms: i
     conn.execute_raw(upsert.build()).await?;
 
     let mut read = Sql::new(backend);
-    read.push("SELECT aggregate_type, aggregate_id, last_version FROM outbox_aggregates WHERE ");
-    any_aggregate(&mut read, rows.counts.keys().copied());
+    KeyedSelect {
+        select: "aggregate_type, aggregate_id, last_version",
+        table: "outbox_aggregates",
+        key_columns: &["aggregate_type", "aggregate_id"],
+        suffix: "",
+    }
+    .write(
+        &mut read,
+        rows.counts.keys(),
+        |sql, (aggregate_type, aggregate_id)| {
+            sql.bind(*aggregate_type).push(", ").bind(*aggregate_id);
+        },
+        |sql| {
+            sql.push("1 = 1");
+        },
+    );
     let mut last: BTreeMap<(String, String), i64> = BTreeMap::new();
     for row in conn.query_all_raw(read.build()).await? {
         last.insert(

@@ -56,19 +56,10 @@ impl Sql {
     }
 }
 
-/// `(columns) IN (…)` for a list of tuples, each written by `write` as comma-separated binds. SQLite takes
-/// a row-value `IN` only over a subquery, so it gets `IN (VALUES …)`; PostgreSQL and MySQL get a plain list,
-/// which they plan as index lookups.
-pub(crate) fn in_tuples<T>(
-    sql: &mut Sql,
-    columns: &str,
-    items: impl IntoIterator<Item = T>,
-    mut write: impl FnMut(&mut Sql, T),
-) {
+/// `(columns) IN ((…), (…))` for a list of tuples, each written by `write` as comma-separated binds: MySQL
+/// plans it as one index range per tuple.
+fn in_tuples<T>(sql: &mut Sql, columns: &str, items: impl IntoIterator<Item = T>, mut write: impl FnMut(&mut Sql, T)) {
     sql.push("(").push(columns).push(") IN (");
-    if sql.backend == DbBackend::Sqlite {
-        sql.push("VALUES ");
-    }
     sql.join(items, ", ", |sql, item| {
         sql.push("(");
         write(sql, item);
@@ -77,19 +68,13 @@ pub(crate) fn in_tuples<T>(
     sql.push(")");
 }
 
-/// `(aggregate_type, aggregate_id) IN (…)` for `keys`.
-pub(crate) fn any_aggregate<'k>(sql: &mut Sql, keys: impl IntoIterator<Item = (&'k str, &'k str)>) {
-    in_tuples(sql, "aggregate_type, aggregate_id", keys, |sql, (aggregate_type, aggregate_id)| {
-        sql.bind(aggregate_type).push(", ").bind(aggregate_id);
-    });
-}
-
 /// `SELECT {select} FROM {table} WHERE {key columns} match one of the keys AND {filter} {suffix}`, with
 /// one index lookup per key on every backend.
 ///
 /// PostgreSQL factors a long `OR` (which a row-value `IN` list becomes) into a common index condition plus
 /// a filter, which walks every row sharing, say, the aggregate type; there the keys become a `VALUES` list
 /// joined `LATERAL`ly, so each is a parameterised index scan (and `FOR UPDATE` in `suffix` locks per key).
+/// SQLite joins a `VALUES` list the same way; MySQL takes a row-value `IN` list as index ranges.
 pub(crate) struct KeyedSelect<'a> {
     pub(crate) select: &'a str,
     pub(crate) table: &'a str,
@@ -121,6 +106,25 @@ impl KeyedSelect<'_> {
             }
             filter(sql);
             sql.push(self.suffix).push(") x");
+        } else if sql.backend == DbBackend::Sqlite {
+            // A row-value `IN (VALUES …)` is planned as a scan of the table; a `CROSS JOIN` keeps the keys as
+            // the outer loop (SQLite never reorders it), so each is an index lookup.
+            sql.push("SELECT ").push(self.select).push(" FROM (VALUES ");
+            sql.join(keys, ", ", |sql, key| {
+                sql.push("(");
+                write(sql, key);
+                sql.push(")");
+            });
+            sql.push(") AS k CROSS JOIN ").push(self.table).push(" ON ");
+            for (i, column) in self.key_columns.iter().enumerate() {
+                if i > 0 {
+                    sql.push(" AND ");
+                }
+                sql.push(column).push(" = k.column").push(&(i + 1).to_string());
+            }
+            sql.push(" WHERE ");
+            filter(sql);
+            sql.push(self.suffix);
         } else {
             sql.push("SELECT ").push(self.select).push(" FROM ").push(self.table).push(" WHERE ");
             in_tuples(sql, &self.key_columns.join(", "), keys, write);
