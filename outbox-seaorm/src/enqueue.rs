@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use chrono::Utc;
-use sea_orm::{ConnectionTrait, DbBackend, DbErr};
+use sea_orm::{ConnectionTrait, DbBackend, DbErr, TransactionSession, TransactionTrait};
 
 use outbox_core::{EventId, NewEvent};
 
@@ -22,7 +22,7 @@ use crate::sql::{KeyedSelect, Sql};
 /// Pass the transaction that holds your business change: the event then commits or rolls back with it.
 /// Passing a plain connection writes the event on its own, which is only right when there is no business
 /// change to go with it.
-pub async fn enqueue<C: ConnectionTrait>(conn: &C, event: &NewEvent) -> Result<EventId> {
+pub async fn enqueue<C: ConnectionTrait + TransactionTrait>(conn: &C, event: &NewEvent) -> Result<EventId> {
     enqueue_all(conn, std::slice::from_ref(event)).await?;
     Ok(event.id())
 }
@@ -31,18 +31,27 @@ pub async fn enqueue<C: ConnectionTrait>(conn: &C, event: &NewEvent) -> Result<E
 /// statement may bind (SQLite 32766, PostgreSQL and MySQL 65535), so a large `events` slice is split.
 const EVENTS_PER_CHUNK: usize = 1000;
 
-/// Inserts `events`, in order: per 1000 events, one statement on PostgreSQL, three on MySQL and SQLite.
+/// Inserts `events`, in order: per 1000 events, one statement on PostgreSQL, three on MySQL and SQLite (in a
+/// savepoint of the caller's transaction, or a transaction of their own).
 ///
 /// Chunks are written one after the other, so the extra memory is one chunk's statement whatever the
 /// slice's length. Pass a transaction to make them all-or-nothing.
-pub async fn enqueue_all<C: ConnectionTrait>(conn: &C, events: &[NewEvent]) -> Result<Vec<EventId>> {
+pub async fn enqueue_all<C: ConnectionTrait + TransactionTrait>(conn: &C, events: &[NewEvent]) -> Result<Vec<EventId>> {
     let backend = conn.get_database_backend();
     let now_ms = Utc::now().timestamp_millis();
     for chunk in events.chunks(EVENTS_PER_CHUNK) {
         let rows = Rows::of(chunk)?;
         let written = match backend {
             DbBackend::Postgres => write_postgres(conn, &rows, now_ms).await,
-            _ => write_portable(conn, &rows, now_ms).await,
+            // Three statements: they must hold the aggregates' rows together (the versions read back are only
+            // ours while the upsert's locks last), so they run in a transaction, or a savepoint of the caller's.
+            _ => match conn.begin().await {
+                Ok(txn) => match write_portable(&txn, &rows, now_ms).await {
+                    Ok(()) => txn.commit().await,
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            },
         };
         written.map_err(|e| store_error("enqueue events", "outbox_events", backend, e))?;
     }

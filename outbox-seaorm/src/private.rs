@@ -74,7 +74,7 @@ fn into_db_err(error: outbox_core::Error) -> DbErr {
 /// writers of one aggregate) as short as the commit.
 pub async fn finish<Txn, T, E>(txn: Txn, emitted: Emitted, result: Result<T, E>) -> Result<T, E>
 where
-    Txn: TransactionSession + ConnectionTrait,
+    Txn: TransactionSession + ConnectionTrait + TransactionTrait,
     E: AbsorbsDbErr,
 {
     match result {

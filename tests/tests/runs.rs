@@ -270,3 +270,47 @@ async fn a_dead_tail_under_skip_dead_stops_being_claimed_until_a_replay_brings_i
         assert_eq!(arrivals(&broker), ["x:e1"], "{t}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueues_outside_any_transaction_race_a_relay_and_lose_nothing() {
+    const WRITERS: u64 = 4;
+    const EACH: u64 = 50;
+    for t in all_backends("runs_autocommit_enqueue_race").await {
+        let broker = InMemoryPublisher::new();
+        let relay = Relay::new(SeaOrmStore::new(t.reconnect().await), broker.clone(), fast_config()).expect("config");
+        let shutdown = outbox_seaorm::CancellationToken::new();
+        let running = {
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { relay.run(shutdown).await })
+        };
+        // Several writers append to one aggregate on the pool, each enqueue its own unit of work, while the
+        // relay claims: versions are handed out under the aggregate's lock, and no claim can see an
+        // aggregate's new version without its event.
+        let mut writers = Vec::new();
+        for w in 0..WRITERS {
+            let db = t.db.clone();
+            let label = t.to_string();
+            writers.push(tokio::spawn(async move {
+                for k in 0..EACH {
+                    outbox_seaorm::enqueue(&db, &event("x", "step", w * EACH + k))
+                        .await
+                        .unwrap_or_else(|e| panic!("{label}: {e}"));
+                }
+            }));
+        }
+        for writer in writers {
+            writer.await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while count_published(&t).await < WRITERS * EACH {
+            assert!(Instant::now() < deadline, "{t}: {} of {} published", count_published(&t).await, WRITERS * EACH);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        shutdown.cancel();
+        running.await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        let mut versions: Vec<i64> = first_deliveries(&broker.received()).iter().map(|e| e.aggregate_version).collect();
+        assert!(versions.is_sorted(), "{t}: delivered in version order");
+        versions.dedup();
+        assert_eq!(versions, (1..=(WRITERS * EACH) as i64).collect::<Vec<_>>(), "{t}: gapless, each once");
+    }
+}
