@@ -112,27 +112,10 @@ async fn write_postgres<C: ConnectionTrait>(conn: &C, rows: &Rows<'_>, now_ms: i
          FROM (VALUES ",
     );
     sql.join(rows.events.iter().enumerate(), ", ", |sql, (position, (event, ord, headers))| {
-        sql.push("(")
-            .bind(position as i64)
-            .push("::bigint, ")
-            .bind(event.id().to_string())
-            .push(", ")
-            .bind(event.aggregate_type())
-            .push(", ")
-            .bind(event.aggregate_id())
-            .push(", ")
-            .bind(*ord)
-            .push("::bigint, ")
-            .bind(event.event_type())
-            .push(", ")
-            .bind(event.schema_version())
-            .push("::int, ")
-            .bind(event.payload_json())
-            .push(", ")
-            .bind(headers.as_str())
-            .push(", ")
-            .bind(now_ms)
-            .push("::bigint)");
+        sql.push("(").bind(position as i64).push("::bigint, ");
+        // `ord` stands where the version goes: the statement adds it to the version it hands out.
+        bind_event(sql, event, *ord, headers, ("::bigint", "::int"));
+        sql.push(", ").bind(now_ms).push("::bigint)");
     });
     sql.push(
         ") AS v (position, event_id, aggregate_type, aggregate_id, ord, event_type, schema_version, payload, headers, at) \
@@ -201,31 +184,35 @@ async fn write_portable<C: ConnectionTrait>(conn: &C, rows: &Rows<'_>, now_ms: i
             failed = Some(DbErr::RecordNotFound(format!("outbox_aggregates row of {}/{}", key.0, key.1)));
             return;
         };
-        sql.push("(")
-            .bind(event.id().to_string())
-            .push(", ")
-            .bind(event.aggregate_type())
-            .push(", ")
-            .bind(event.aggregate_id())
-            .push(", ")
-            .bind(last_version - n + ord)
-            .push(", ")
-            .bind(event.event_type())
-            .push(", ")
-            .bind(event.schema_version())
-            .push(", ")
-            .bind(event.payload_json())
-            .push(", ")
-            .bind(headers.as_str())
-            .push(", ")
-            .bind(now_ms)
-            .push(", 0, ")
-            .bind(now_ms)
-            .push(")");
+        sql.push("(");
+        bind_event(sql, event, last_version - n + ord, headers, ("", ""));
+        sql.push(", ").bind(now_ms).push(", 0, ").bind(now_ms).push(")");
     });
     if let Some(error) = failed {
         return Err(error);
     }
     conn.execute_raw(insert.build()).await?;
     Ok(())
+}
+
+/// Binds `event_id, aggregate_type, aggregate_id, <version>, event_type, schema_version, payload, headers` of
+/// one event; `casts` follow the version and the schema version (PostgreSQL's `VALUES` needs their types).
+fn bind_event(sql: &mut Sql, event: &NewEvent, version: i64, headers: &str, casts: (&str, &str)) {
+    sql.bind(event.id().to_string())
+        .push(", ")
+        .bind(event.aggregate_type())
+        .push(", ")
+        .bind(event.aggregate_id())
+        .push(", ")
+        .bind(version)
+        .push(casts.0)
+        .push(", ")
+        .bind(event.event_type())
+        .push(", ")
+        .bind(event.schema_version())
+        .push(casts.1)
+        .push(", ")
+        .bind(event.payload_json())
+        .push(", ")
+        .bind(headers);
 }
