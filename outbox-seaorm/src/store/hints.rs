@@ -66,7 +66,7 @@ impl Hint {
 }
 
 /// `due_at_ms` of an aggregate blocked by a dead head: never due, and an enqueue keeps it.
-pub(crate) const BLOCKED: i64 = i64::MAX;
+const BLOCKED: i64 = i64::MAX;
 
 /// Writes `hints` (the last one per aggregate wins) to the rows no writer holds, inside `txn`.
 pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -> Result<(), DbErr> {

@@ -11,7 +11,7 @@ use super::{
     median_rate,
 };
 use crate::baselines::Baseline;
-use crate::report::{RATE_HEADER, Series, Table, plot};
+use crate::report::{RATE_HEADER, Run, Series, Table, plot};
 
 /// Throughput vs the number of aggregates the backlog spreads over; ours vs the three baselines.
 pub async fn aggregates(ctx: &Ctx) -> Result<()> {
@@ -123,11 +123,7 @@ pub async fn backlog(ctx: &Ctx) -> Result<()> {
         ctx.title("backlog: pending events over 10,000 aggregates, batch 1000, 1 relay, events/s"),
         &RATE_HEADER,
     );
-    let first = median_rate(&runs[0]);
-    for (i, runs) in runs.iter().enumerate() {
-        let base = if i == 0 { None } else { Some(first) };
-        table.rate_row(&format!("{} pending", sizes[i]), "ours", runs, base, "events/s");
-    }
+    rows_against_first(&mut table, sizes.iter().map(|n| format!("{n} pending")), &runs);
     table.emit(ctx.out.as_deref())
 }
 
@@ -158,11 +154,7 @@ pub async fn retained(ctx: &Ctx) -> Result<()> {
         )),
         &RATE_HEADER,
     );
-    let first = median_rate(&runs[0]);
-    for (i, runs) in runs.iter().enumerate() {
-        let base = if i == 0 { None } else { Some(first) };
-        table.rate_row(&format!("{} retained", sizes[i]), "ours", runs, base, "events/s");
-    }
+    rows_against_first(&mut table, sizes.iter().map(|n| format!("{n} retained")), &runs);
     table.note(
         "Retained rows are enqueued with enqueue_all and drained by the relay (public API only), then every table of \
          the bench schema gets VACUUM ANALYZE (PostgreSQL) / ANALYZE TABLE (MySQL) / ANALYZE (SQLite).",
@@ -266,4 +258,13 @@ pub async fn burst(ctx: &Ctx) -> Result<()> {
         "events/s",
     );
     table.emit(ctx.out.as_deref())
+}
+
+/// One "ours" row per case, each against the first case's median.
+fn rows_against_first(table: &mut Table, cases: impl Iterator<Item = String>, runs: &[Vec<Run>]) {
+    let first = median_rate(&runs[0]);
+    for (i, (case, runs)) in cases.zip(runs).enumerate() {
+        let base = if i == 0 { None } else { Some(first) };
+        table.rate_row(&case, "ours", runs, base, "events/s");
+    }
 }
