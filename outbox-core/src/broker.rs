@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 
 use crate::envelope::{EventId, Headers, OutboxEvent};
 use crate::error::{Error, Result};
+use crate::text::one_line;
 
 /// Header names of the envelope, CloudEvents attribute names (binary content mode) where one fits.
 pub mod header {
@@ -78,22 +79,38 @@ pub fn decode_message(headers: &BTreeMap<String, String>, payload: &[u8]) -> Res
     let schema_version = get(header::SCHEMA_VERSION)?
         .parse::<i32>()
         .map_err(|e| Error::invalid_event("headers", format!("`{}` is not a number: {e}", header::SCHEMA_VERSION)))?;
-    let created_at = headers
-        .get(header::TIME)
-        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-        .map_or_else(Utc::now, |t| t.with_timezone(&Utc));
+    let created_at = match headers.get(header::TIME) {
+        None => Utc::now(),
+        Some(time) => DateTime::parse_from_rfc3339(time).map(|t| t.with_timezone(&Utc)).map_err(|e| {
+            Error::invalid_event("headers", format!("`{}` is not an RFC 3339 time ({e}): {:?}", header::TIME, one_line(time)))
+        })?,
+    };
+    for (name, value) in headers {
+        if name.chars().chain(value.chars()).any(char::is_control) {
+            return Err(Error::invalid_event(
+                "headers",
+                format!("header {:?} has control characters: {:?}", one_line(name), one_line(value)),
+            ));
+        }
+    }
     let payload = std::str::from_utf8(payload)
         .map_err(|e| Error::invalid_event("payload", format!("is not UTF-8 JSON: {e}")))?
         .to_owned();
     let user: Headers =
         headers.iter().filter(|(k, _)| !ENVELOPE.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let aggregate_type = get(header::AGGREGATE_TYPE)?;
+    let aggregate_id = get(header::SUBJECT)?;
+    let event_type = get(header::TYPE)?;
+    crate::envelope::check_name("aggregate_type", &aggregate_type, crate::envelope::MAX_AGGREGATE_TYPE_LEN)?;
+    crate::envelope::check_name("aggregate_id", &aggregate_id, crate::envelope::MAX_AGGREGATE_ID_LEN)?;
+    crate::envelope::check_name("event_type", &event_type, crate::envelope::MAX_EVENT_TYPE_LEN)?;
     Ok(OutboxEvent {
         seq: headers.get(header::SEQ).and_then(|s| s.parse().ok()).unwrap_or(0),
         aggregate_version: headers.get(header::AGGREGATE_VERSION).and_then(|s| s.parse().ok()).unwrap_or(0),
         id,
-        aggregate_type: get(header::AGGREGATE_TYPE)?,
-        aggregate_id: get(header::SUBJECT)?,
-        event_type: get(header::TYPE)?,
+        aggregate_type,
+        aggregate_id,
+        event_type,
         schema_version,
         payload,
         headers: user,
@@ -233,21 +250,7 @@ where
     }
 }
 
-/// `url` with its user info (user name and password) replaced by `***`, for error messages and logs:
-/// `redis://user:secret@host:6379/0` → `redis://***@host:6379/0`. Works without a scheme too.
-pub fn redact_url(url: &str) -> String {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (Some(scheme), rest),
-        None => (None, url),
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let Some((_, host)) = authority.rsplit_once('@') else { return url.to_owned() };
-    match scheme {
-        Some(scheme) => format!("{scheme}://***@{host}{tail}"),
-        None => format!("***@{host}{tail}"),
-    }
-}
+pub use crate::text::redact_url;
 
 /// Runs `handler` on `message`; a panic in the handler is caught, logged and answered with
 /// [`Disposition::Retry`] (its transaction was dropped, so nothing was applied), so a consumer keeps running

@@ -21,6 +21,7 @@
 pub mod broker;
 pub mod brokers;
 mod config;
+pub mod consume;
 mod envelope;
 mod error;
 mod event;
@@ -31,8 +32,10 @@ mod publisher;
 mod relay;
 pub mod schema_lock;
 mod store;
+mod text;
 
 pub use broker::{Destination, Disposition, MessageHandler};
+pub use consume::{Consumer, ConsumerConfig, ConsumerStats, EventHandler, Handled, Received, Transport};
 pub use config::{Backoff, ClaimMode, DeadLetterPolicy, RelayConfig};
 pub use envelope::{
     DEFAULT_MAX_PAYLOAD_BYTES, EventId, Headers, MAX_AGGREGATE_ID_LEN, MAX_AGGREGATE_TYPE_LEN, MAX_EVENT_TYPE_LEN,
@@ -49,4 +52,5 @@ pub use publisher::{PublishError, Publisher};
 pub use relay::{Relay, RelayPass};
 pub use store::{BatchOutcome, ClaimRequest, ClaimedBatch, Failure, MarkReport, OutboxStats, OutboxStore};
 
+pub use text::{one_line, redact_url, truncate};
 pub use tokio_util::sync::CancellationToken;

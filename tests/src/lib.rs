@@ -9,6 +9,7 @@
 //! A server that does not answer is skipped with a printed reason, except under `CI=true`, where the test
 //! fails.
 
+pub mod contract;
 pub mod proxy;
 
 use std::fmt;
@@ -46,6 +47,46 @@ impl TestDb {
     }
 }
 
+/// A suffix unique to this test process, so two runs on one machine never drop each other's schemas,
+/// databases or files: the process id and the start time in seconds (leftovers of runs older than a day
+/// are dropped by [`sweep_postgres`]).
+pub fn run_suffix() -> &'static str {
+    static SUFFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SUFFIX.get_or_init(|| {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        format!("{secs}_{}", std::process::id())
+    })
+}
+
+/// The one database of tests that are about something else (brokers): PostgreSQL when it answers (always
+/// under `CI=true`), SQLite otherwise; migrated.
+pub async fn primary_backend(test: &str) -> TestDb {
+    let t = match postgres(test).await {
+        Ok(t) => t,
+        Err(reason) if in_ci() => panic!("CI=true but {reason}"),
+        Err(reason) => {
+            eprintln!("using SQLite: {reason}");
+            sqlite(test).await
+        }
+    };
+    outbox_seaorm::migrate(&t.db).await.unwrap_or_else(|e| panic!("migrate {t}: {e}"));
+    t
+}
+
+/// Rows in `inbox_messages` for `consumer`.
+pub async fn count_inbox(t: &TestDb, consumer: &str) -> u64 {
+    use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
+    use outbox_seaorm::entity::inbox_message;
+    inbox_message::Entity::find()
+        .filter(inbox_message::Column::Consumer.eq(consumer))
+        .count(&t.db)
+        .await
+        .unwrap_or_else(|e| panic!("{t}: count inbox rows: {e}"))
+}
+
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
@@ -53,7 +94,12 @@ fn in_ci() -> bool {
 async fn connect(url: &str, backend: DbBackend, schema: &str) -> Result<DatabaseConnection, sea_orm::DbErr> {
     let base = url.split('#').next().unwrap_or(url).to_owned();
     let mut options = ConnectOptions::new(base);
-    options.sqlx_logging(false).max_connections(8);
+    // An unreachable server fails within 2 s instead of sqlx's 30 s default.
+    options
+        .sqlx_logging(false)
+        .max_connections(8)
+        .connect_timeout(std::time::Duration::from_secs(2))
+        .acquire_timeout(std::time::Duration::from_secs(10));
     if backend == DbBackend::Postgres {
         options.set_schema_search_path(schema.to_owned());
     }
@@ -79,7 +125,7 @@ pub async fn all_backends(test: &str) -> Vec<TestDb> {
 async fn sqlite(test: &str) -> TestDb {
     let dir = std::env::temp_dir().join("outbox-tests");
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(format!("{test}.db"));
+    let path = dir.join(format!("{test}_{}.db", run_suffix()));
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
@@ -94,7 +140,8 @@ async fn postgres(test: &str) -> Result<TestDb, String> {
     let admin = connect(&url, DbBackend::Postgres, "public")
         .await
         .map_err(|e| format!("PostgreSQL at {url} is unreachable: {e}"))?;
-    let schema = format!("t_{test}");
+    sweep_postgres(&admin).await;
+    let schema = format!("t_{test}_{}", run_suffix());
     admin
         .execute_unprepared(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
         .await
@@ -105,10 +152,25 @@ async fn postgres(test: &str) -> Result<TestDb, String> {
     Ok(TestDb { db, backend: DbBackend::Postgres, url })
 }
 
+/// Drops the schemas of test runs that started more than a day ago (`t_<test>_<secs>_<pid>`).
+async fn sweep_postgres(admin: &DatabaseConnection) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
+    let sql = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 't\\_%'";
+    let Ok(rows) = admin.query_all_raw(sea_orm::Statement::from_string(DbBackend::Postgres, sql)).await else { return };
+    for row in rows {
+        let Ok(name) = row.try_get::<String>("", "nspname") else { continue };
+        let mut parts = name.rsplitn(3, '_');
+        let (_pid, secs) = (parts.next(), parts.next().and_then(|s| s.parse::<u64>().ok()));
+        if secs.is_some_and(|secs| secs + 86_400 < now) {
+            let _ = admin.execute_unprepared(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).await;
+        }
+    }
+}
+
 async fn mysql(test: &str) -> Result<TestDb, String> {
     let url = std::env::var("OUTBOX_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
     let admin = connect(&url, DbBackend::MySql, "").await.map_err(|e| format!("MySQL at {url} is unreachable: {e}"))?;
-    let database = format!("t_{test}");
+    let database = format!("t_{test}_{}", run_suffix());
     for sql in [format!("DROP DATABASE IF EXISTS {database}"), format!("CREATE DATABASE {database}")] {
         admin.execute_unprepared(&sql).await.map_err(|e| format!("MySQL: {sql}: {e}"))?;
     }

@@ -1,0 +1,279 @@
+//! The consume side: one driver for every broker.
+//!
+//! A [`Consumer`] names a subscriber (its inbox key) and maps event types to typed handlers; its
+//! [`run`](Consumer::run) drives any broker [`Transport`]: fetch → decode the envelope → route by event
+//! type → handler (inbox dedup + effect, one transaction) → ack after the commit. Nothing is acked unless
+//! it was applied, skipped as not this consumer's, or confirmed in the dead-letter destination:
+//!
+//! | the message | what the driver does |
+//! |---|---|
+//! | applied, or a duplicate the inbox absorbed | ack |
+//! | handler error or panic | retry in place after a backoff; after `max_deliveries`, dead-letter, then ack |
+//! | newer schema version than this code decodes | retry in place after a backoff, never dead-lettered: deploy the new code |
+//! | event type with no handler here | ack without running anything (counted as skipped, logged at debug) |
+//! | no valid envelope, payload over the limit, undecodable payload, version older than any upcaster | dead-letter at once, then ack |
+//! | dead-letter publish not confirmed | not acked; the dead letter is retried after a backoff |
+//!
+//! **Order.** Messages are processed in lanes, one per aggregate: a message waiting for a retry holds every
+//! later message of its aggregate behind it (in memory, kept alive at the broker), while other aggregates
+//! go on. So within one consumer, first applications follow the broker's delivery order per aggregate.
+//!
+//! **Shutdown.** Cancelling the token stops fetching; handlers running finish, messages waiting for a
+//! retry or not started are released to the broker (in order, after the message ahead of them settled),
+//! then [`run`](Consumer::run) returns.
+
+mod driver;
+mod route;
+mod transport;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+pub use route::{EventHandler, Handled, Received};
+pub use transport::{DeadLetter, Delivery, MAX_DEAD_REASON_LEN, Replayable, Transport, dead_header, replayable};
+
+use crate::config::Backoff;
+use crate::envelope::DEFAULT_MAX_PAYLOAD_BYTES;
+use crate::error::{Error, Result};
+use crate::event::DomainEvent;
+use crate::inbox::MAX_CONSUMER_LEN;
+use route::{Route, Typed};
+
+/// Consumer settings. [`ConsumerConfig::validate`] runs in [`Consumer::with_config`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsumerConfig {
+    /// Deliveries of a failing message before it is dead-lettered (default 10; at least 1). Messages of a
+    /// newer schema version never count towards it.
+    pub max_deliveries: u32,
+    /// Delays between retries of one message (default 200 ms doubling to 30 s, jittered).
+    pub backoff: Backoff,
+    /// Most messages asked of the broker at once (default 64).
+    pub batch_size: usize,
+    /// Most messages held at once, running, waiting for a retry or queued behind one (default 512);
+    /// fetching pauses at this bound.
+    pub max_in_flight: usize,
+    /// Most handlers running at once, one per aggregate (default 16).
+    pub concurrency: usize,
+    /// How long one fetch waits for messages when none is ready (default 1 s).
+    pub fetch_wait: Duration,
+    /// Largest payload handed to a handler; a bigger one is dead-lettered (default 1 MiB).
+    pub max_payload_bytes: usize,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        ConsumerConfig {
+            max_deliveries: 10,
+            backoff: Backoff { initial: Duration::from_millis(200), max: Duration::from_secs(30), multiplier: 2 },
+            batch_size: 64,
+            max_in_flight: 512,
+            concurrency: 16,
+            fetch_wait: Duration::from_secs(1),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+        }
+    }
+}
+
+impl ConsumerConfig {
+    /// Checks every bound; the error names the setting.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_deliveries == 0 {
+            return Err(Error::invalid_config(
+                "max_deliveries",
+                "is 0; a message needs at least one delivery (use 1 to dead-letter on the first failure)",
+            ));
+        }
+        if self.backoff.initial.is_zero() || self.backoff.max < self.backoff.initial {
+            return Err(Error::invalid_config("backoff", "needs a non-zero initial delay not above its max"));
+        }
+        if self.backoff.max > Duration::from_secs(24 * 3600) {
+            return Err(Error::invalid_config("backoff", "max is over a day"));
+        }
+        if self.batch_size == 0 || self.concurrency == 0 {
+            return Err(Error::invalid_config("batch_size", "and `concurrency` must be at least 1"));
+        }
+        if self.max_in_flight < self.batch_size {
+            return Err(Error::invalid_config("max_in_flight", "must be at least `batch_size`"));
+        }
+        if self.fetch_wait.is_zero() || self.fetch_wait > Duration::from_secs(300) {
+            return Err(Error::invalid_config("fetch_wait", "must be between 1 ms and 5 minutes"));
+        }
+        if self.max_payload_bytes == 0 {
+            return Err(Error::invalid_config("max_payload_bytes", "is 0"));
+        }
+        Ok(())
+    }
+
+    /// Sets [`max_deliveries`](Self::max_deliveries).
+    pub fn with_max_deliveries(mut self, deliveries: u32) -> Self {
+        self.max_deliveries = deliveries;
+        self
+    }
+
+    /// Sets [`backoff`](Self::backoff).
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Sets [`fetch_wait`](Self::fetch_wait).
+    pub fn with_fetch_wait(mut self, wait: Duration) -> Self {
+        self.fetch_wait = wait;
+        self
+    }
+
+    /// Sets [`batch_size`](Self::batch_size).
+    pub fn with_batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Sets [`concurrency`](Self::concurrency).
+    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency;
+        self
+    }
+}
+
+/// What a consumer did so far; read with [`Consumer::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// Messages whose effect ran and committed.
+    pub processed: u64,
+    /// Messages the inbox had seen already.
+    pub duplicates: u64,
+    /// Messages of event types this consumer has no handler for, acked untouched.
+    pub skipped: u64,
+    /// Failed attempts that were retried.
+    pub retried: u64,
+    /// Attempts at messages of a newer schema version, retried later.
+    pub newer_version: u64,
+    /// Messages confirmed in the dead-letter destination.
+    pub dead_lettered: u64,
+    /// Messages handed back to the broker unprocessed (shutdown).
+    pub released: u64,
+    /// Acks the broker did not take (the message comes back; the inbox absorbs it).
+    pub ack_failures: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    processed: AtomicU64,
+    duplicates: AtomicU64,
+    skipped: AtomicU64,
+    retried: AtomicU64,
+    newer_version: AtomicU64,
+    dead_lettered: AtomicU64,
+    released: AtomicU64,
+    ack_failures: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> ConsumerStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ConsumerStats {
+            processed: get(&self.processed),
+            duplicates: get(&self.duplicates),
+            skipped: get(&self.skipped),
+            retried: get(&self.retried),
+            newer_version: get(&self.newer_version),
+            dead_lettered: get(&self.dead_lettered),
+            released: get(&self.released),
+            ack_failures: get(&self.ack_failures),
+        }
+    }
+}
+
+/// A named subscriber with one typed handler per event type.
+///
+/// ```no_run
+/// # use outbox_core::{Consumer, Received, DomainEvent};
+/// # fn demo<P: DomainEvent, C: DomainEvent>() -> outbox_core::Result<()> {
+/// let consumer = Consumer::new("billing")?
+///     .on::<P>(async |placed: Received<P>| -> Result<(), std::io::Error> { /* bill */ Ok(()) })
+///     .on::<C>(async |cancelled: Received<C>| -> Result<(), std::io::Error> { /* refund */ Ok(()) });
+/// # Ok(()) }
+/// ```
+pub struct Consumer {
+    name: String,
+    config: ConsumerConfig,
+    routes: HashMap<&'static str, Box<dyn Route>>,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut types: Vec<_> = self.routes.keys().collect();
+        types.sort();
+        f.debug_struct("Consumer").field("name", &self.name).field("config", &self.config).field("handles", &types).finish()
+    }
+}
+
+impl Consumer {
+    /// A consumer named `name` (non-empty, at most 128 bytes, no control characters) with the default
+    /// [`ConsumerConfig`] and no handlers yet.
+    pub fn new(name: &str) -> Result<Self> {
+        crate::envelope::check_name("consumer", name, MAX_CONSUMER_LEN)
+            .map_err(|e| Error::invalid_config("consumer", e.to_string()))?;
+        Ok(Consumer {
+            name: name.to_owned(),
+            config: ConsumerConfig::default(),
+            routes: HashMap::new(),
+            counters: Arc::default(),
+        })
+    }
+
+    /// Replaces the settings, after checking them.
+    pub fn with_config(mut self, config: ConsumerConfig) -> Result<Self> {
+        config.validate()?;
+        self.config = config;
+        Ok(self)
+    }
+
+    /// Handles events of type `E` (every stored version `E` upcasts from) with `handler`. A second
+    /// handler for the same event name replaces the first.
+    pub fn on<E: DomainEvent>(mut self, handler: impl EventHandler<E>) -> Self {
+        if self.routes.insert(E::NAME, Box::new(Typed::<E, _>::new(handler))).is_some() {
+            tracing::warn!(consumer = %self.name, event_type = E::NAME, "a second handler replaced the first");
+        }
+        self
+    }
+
+    /// The consumer's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ConsumerConfig {
+        &self.config
+    }
+
+    /// The event types this consumer handles, sorted.
+    pub fn event_types(&self) -> Vec<&'static str> {
+        let mut types: Vec<_> = self.routes.keys().copied().collect();
+        types.sort_unstable();
+        types
+    }
+
+    /// Counts since the consumer was built.
+    pub fn stats(&self) -> ConsumerStats {
+        self.counters.snapshot()
+    }
+
+    /// Consumes from `transport` until `shutdown` is cancelled (see the [module docs](self)). Fetch errors
+    /// are logged and retried with a backoff: the broker being down is not an error of `run`.
+    pub async fn run<T: Transport>(&self, transport: &T, shutdown: crate::CancellationToken) -> Result<()> {
+        self.config.validate()?;
+        driver::run(self, transport, shutdown).await
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,203 @@
+//! The driver's logic against an in-memory transport (each broker runs the contract suite for real).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+use crate::broker::envelope_headers;
+use crate::envelope::{EventId, OutboxEvent};
+use crate::error::Error;
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Tick {
+    item: String,
+    n: u64,
+}
+
+impl DomainEvent for Tick {
+    const NAME: &'static str = "tick";
+    const VERSION: i32 = 2;
+    const OLDEST_VERSION: i32 = 2;
+    const AGGREGATE_TYPE: &'static str = "item";
+    const SCHEMA: crate::event::EventSchema = crate::event::EventSchema { name: "tick", version: 2, fields: &[] };
+
+    fn aggregate_id(&self) -> String {
+        self.item.clone()
+    }
+
+    fn decode_version(_: i32, payload: &str) -> std::result::Result<Self, serde_json::Error> {
+        serde_json::from_str(payload)
+    }
+}
+
+fn message(event_type: &str, version: i32, item: &str, n: u64) -> (BTreeMap<String, String>, Vec<u8>) {
+    let event = OutboxEvent {
+        seq: 1,
+        aggregate_version: n as i64 + 1,
+        id: EventId::new(),
+        aggregate_type: "item".into(),
+        aggregate_id: item.into(),
+        event_type: event_type.into(),
+        schema_version: version,
+        payload: format!(r#"{{"item":"{item}","n":{n}}}"#),
+        headers: Default::default(),
+        created_at: chrono::Utc::now(),
+        attempts: 0,
+        last_error: None,
+    };
+    (envelope_headers(&event).into_iter().collect(), event.payload.into_bytes())
+}
+
+/// Messages in a queue; acks, releases and dead letters recorded; `dead_letter` can be made to fail.
+#[derive(Default)]
+struct Memory {
+    queue: Mutex<VecDeque<(BTreeMap<String, String>, Vec<u8>)>>,
+    acked: Mutex<Vec<u64>>,
+    released: Mutex<Vec<u64>>,
+    dead: Mutex<Vec<(u64, DeadLetter)>>,
+    dead_letter_failures: Mutex<u32>,
+    next: Mutex<u64>,
+}
+
+impl Memory {
+    fn with(messages: Vec<(BTreeMap<String, String>, Vec<u8>)>) -> Self {
+        Memory { queue: Mutex::new(messages.into()), ..Memory::default() }
+    }
+}
+
+impl Transport for Memory {
+    type Receipt = u64;
+
+    fn broker(&self) -> &'static str {
+        "memory"
+    }
+
+    fn source(&self) -> String {
+        "queue".into()
+    }
+
+    async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery<u64>>> {
+        let batch: Vec<_> = {
+            let mut queue = self.queue.lock().unwrap();
+            let n = max.min(queue.len());
+            queue.drain(..n).collect()
+        };
+        if batch.is_empty() {
+            tokio::time::sleep(wait).await;
+        }
+        Ok(batch
+            .into_iter()
+            .map(|(headers, payload)| {
+                let mut next = self.next.lock().unwrap();
+                *next += 1;
+                Delivery { headers, payload, origin: "queue".into(), deliveries: 1, receipt: *next }
+            })
+            .collect())
+    }
+
+    async fn ack(&self, receipt: &u64) -> Result<()> {
+        self.acked.lock().unwrap().push(*receipt);
+        Ok(())
+    }
+
+    async fn release(&self, receipt: &u64) -> Result<()> {
+        self.released.lock().unwrap().push(*receipt);
+        Ok(())
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery<u64>, letter: &DeadLetter) -> Result<()> {
+        let mut failures = self.dead_letter_failures.lock().unwrap();
+        if *failures > 0 {
+            *failures -= 1;
+            return Err(Error::broker("memory", "dead-letter", "refused"));
+        }
+        self.dead.lock().unwrap().push((delivery.receipt, letter.clone()));
+        Ok(())
+    }
+}
+
+fn fast() -> ConsumerConfig {
+    ConsumerConfig::default()
+        .with_backoff(crate::Backoff { initial: Duration::from_millis(1), max: Duration::from_millis(5), multiplier: 2 })
+        .with_fetch_wait(Duration::from_millis(20))
+        .with_max_deliveries(3)
+}
+
+async fn run_for(consumer: &Consumer, transport: &Memory, time: Duration) {
+    let shutdown = crate::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(time).await;
+        stop.cancel();
+    });
+    consumer.run(transport, shutdown).await.unwrap();
+}
+
+#[tokio::test]
+async fn every_outcome_acks_only_after_apply_skip_or_confirmed_dead_letter() {
+    let applied = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let seen = applied.clone();
+    let consumer = Consumer::new("c").unwrap().with_config(fast()).unwrap().on::<Tick>(move |r: Received<Tick>| {
+        let seen = seen.clone();
+        async move {
+            if r.event.n == 7 {
+                return Err("always fails".to_owned());
+            }
+            seen.lock().unwrap().push((r.event.item.clone(), r.event.n));
+            Ok(())
+        }
+    });
+    let transport = Memory::with(vec![
+        message("tick", 2, "a", 0),
+        message("tick", 2, "a", 7), // fails 3 times: dead letter
+        message("tick", 2, "a", 1), // waits behind it, then applied
+        message("other", 1, "b", 0), // skipped
+        message("tick", 3, "c", 0), // newer: held, released at shutdown
+        (BTreeMap::new(), b"junk".to_vec()), // poison
+    ]);
+    *transport.dead_letter_failures.lock().unwrap() = 2; // the first two dead-letter publishes fail
+    run_for(&consumer, &transport, Duration::from_millis(400)).await;
+    let stats = consumer.stats();
+    assert_eq!(applied.lock().unwrap().clone(), vec![("a".to_owned(), 0), ("a".to_owned(), 1)]);
+    assert_eq!(stats.processed, 2, "{stats:?}");
+    assert_eq!(stats.skipped, 1, "{stats:?}");
+    assert_eq!(stats.dead_lettered, 2, "{stats:?}");
+    assert_eq!(stats.retried, 2, "{stats:?}");
+    assert!(stats.newer_version >= 2, "{stats:?}");
+    assert_eq!(stats.released, 1, "the newer message is handed back, not acked: {stats:?}");
+    let acked = transport.acked.lock().unwrap().clone();
+    assert_eq!(acked.len(), 5, "{acked:?}");
+    let released = transport.released.lock().unwrap().clone();
+    assert_eq!(released, vec![5]);
+    assert!(!acked.contains(&5));
+    let dead = transport.dead.lock().unwrap().clone();
+    assert_eq!(dead.len(), 2);
+    let (receipt, letter) = dead.iter().find(|(r, _)| *r == 2).unwrap();
+    assert_eq!((*receipt, letter.attempts, letter.reason.as_str()), (2, 3, "always fails"));
+    assert!(dead.iter().any(|(r, l)| *r == 6 && l.reason.contains("ce_id")));
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_retried_then_dead_lettered_and_the_consumer_goes_on() {
+    let consumer = Consumer::new("c").unwrap().with_config(fast()).unwrap().on::<Tick>(|r: Received<Tick>| async move {
+        assert!(r.event.n != 1, "bug");
+        Ok::<_, std::io::Error>(())
+    });
+    let transport = Memory::with(vec![message("tick", 2, "a", 1), message("tick", 2, "b", 2)]);
+    run_for(&consumer, &transport, Duration::from_millis(200)).await;
+    let stats = consumer.stats();
+    assert_eq!((stats.processed, stats.dead_lettered, stats.retried), (1, 1, 2), "{stats:?}");
+    assert!(transport.dead.lock().unwrap()[0].1.reason.contains("panicked: bug"));
+}
+
+#[test]
+fn bad_settings_are_typed_errors_at_construction() {
+    assert!(matches!(Consumer::new(""), Err(Error::InvalidConfig { field: "consumer", .. })));
+    assert!(Consumer::new("a\nb").is_err());
+    let err = Consumer::new("c").unwrap().with_config(ConsumerConfig::default().with_max_deliveries(0)).unwrap_err();
+    assert!(err.to_string().contains("max_deliveries"), "{err}");
+    assert!(Consumer::new("c").unwrap().with_config(ConsumerConfig::default().with_batch_size(0)).is_err());
+}

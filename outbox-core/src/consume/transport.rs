@@ -1,0 +1,146 @@
+//! What a broker adapter provides to the consume driver: a small [`Transport`].
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::Result;
+
+/// One message as a broker delivered it, before the driver decodes it.
+#[derive(Debug)]
+pub struct Delivery<R> {
+    /// The message headers (the envelope in CloudEvents binary mode, then the event's own headers).
+    pub headers: BTreeMap<String, String>,
+    /// The payload bytes (the event's JSON).
+    pub payload: Vec<u8>,
+    /// Where the message was published: a subject, routing key, topic or stream. A replayed dead letter
+    /// goes back here.
+    pub origin: String,
+    /// How many times the broker has delivered this message, this delivery included (1 when the broker
+    /// does not count). Added to the driver's own attempts, so a redelivery after a crash does not reset
+    /// the count towards `max_deliveries`.
+    pub deliveries: u32,
+    /// What the transport needs to ack, release or dead-letter this message.
+    pub receipt: R,
+}
+
+/// Why and how a message is dead-lettered, written to the dead-letter destination with the original
+/// payload and headers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// What went wrong: the handler's last error, or why the message cannot be decoded.
+    pub reason: String,
+    /// Deliveries the message had, the last one included.
+    pub attempts: u32,
+    /// The consumer that gave up on it.
+    pub consumer: String,
+    /// Where the message was published ([`Delivery::origin`]).
+    pub origin: String,
+}
+
+/// Header names a dead letter carries next to the original headers.
+pub mod dead_header {
+    /// Why the message was dead-lettered.
+    pub const REASON: &str = "outbox_dead_reason";
+    /// Deliveries before it was dead-lettered.
+    pub const ATTEMPTS: &str = "outbox_dead_attempts";
+    /// The consumer that dead-lettered it.
+    pub const CONSUMER: &str = "outbox_dead_consumer";
+    /// Where it was published first; replay sends it back there.
+    pub const ORIGIN: &str = "outbox_dead_origin";
+    /// When it was dead-lettered, RFC 3339.
+    pub const AT: &str = "outbox_dead_at";
+    /// The prefix every dead-letter header shares, stripped on replay.
+    pub const PREFIX: &str = "outbox_dead_";
+}
+
+/// Longest reason written to a dead letter (a handler error can be arbitrarily long).
+pub const MAX_DEAD_REASON_LEN: usize = 2_048;
+
+impl DeadLetter {
+    /// The headers of the dead letter: `original` minus any earlier dead-letter headers, plus this
+    /// letter's reason, attempts, consumer, origin and time.
+    pub fn headers(&self, original: &BTreeMap<String, String>) -> Vec<(String, String)> {
+        let mut headers: Vec<(String, String)> = original
+            .iter()
+            .filter(|(k, _)| !k.starts_with(dead_header::PREFIX))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        headers.extend([
+            (dead_header::REASON.to_owned(), crate::text::truncate(&crate::text::one_line(&self.reason), MAX_DEAD_REASON_LEN)),
+            (dead_header::ATTEMPTS.to_owned(), self.attempts.to_string()),
+            (dead_header::CONSUMER.to_owned(), self.consumer.clone()),
+            (dead_header::ORIGIN.to_owned(), self.origin.clone()),
+            (dead_header::AT.to_owned(), chrono::Utc::now().to_rfc3339()),
+        ]);
+        headers
+    }
+}
+
+/// A dead letter read back for replay: where it came from and the headers to republish it with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replayable {
+    /// The original destination ([`dead_header::ORIGIN`]).
+    pub origin: String,
+    /// The original headers, dead-letter headers removed.
+    pub headers: Vec<(String, String)>,
+}
+
+/// Splits a dead letter's headers into its origin and the original headers; `None` when the message
+/// carries no origin (it was not written by a dead-lettering consumer).
+pub fn replayable(headers: &BTreeMap<String, String>) -> Option<Replayable> {
+    let origin = headers.get(dead_header::ORIGIN)?.clone();
+    let headers =
+        headers.iter().filter(|(k, _)| !k.starts_with(dead_header::PREFIX)).map(|(k, v)| (k.clone(), v.clone())).collect();
+    Some(Replayable { origin, headers })
+}
+
+/// The broker side of a consumer: fetch, ack, release, dead-letter. The [`Consumer`](super::Consumer)
+/// driver owns everything else (decoding, routing, retries, order, shutdown), identically for every broker.
+///
+/// Contract:
+/// - [`ack`](Transport::ack) is called only after the message was applied (its transaction committed),
+///   skipped as not this consumer's, or confirmed in the dead-letter destination.
+/// - [`dead_letter`](Transport::dead_letter) returns `Ok` only once the broker confirmed the dead letter;
+///   it does not ack the original (the driver acks it next).
+/// - [`release`](Transport::release) hands a message back unprocessed (shutdown); it must come back
+///   later, to this consumer or another.
+pub trait Transport: Send + Sync {
+    /// What identifies a delivered message to the broker (a delivery tag, an entry id, an offset...).
+    type Receipt: Send + Sync + 'static;
+
+    /// The broker's name for logs and errors, e.g. `NATS JetStream`.
+    fn broker(&self) -> &'static str;
+
+    /// What this transport reads, for logs: a stream, queue or topic list.
+    fn source(&self) -> String;
+
+    /// Up to `max` messages, waiting at most about `wait` when none is ready (an empty batch is fine).
+    fn fetch(&self, max: usize, wait: Duration) -> impl Future<Output = Result<Vec<Delivery<Self::Receipt>>>> + Send;
+
+    /// Acknowledges a message: the broker will not deliver it again.
+    fn ack(&self, receipt: &Self::Receipt) -> impl Future<Output = Result<()>> + Send;
+
+    /// Hands a message back unprocessed, to be delivered again.
+    fn release(&self, receipt: &Self::Receipt) -> impl Future<Output = Result<()>> + Send;
+
+    /// Publishes `delivery` to the dead-letter destination with `letter`'s headers and waits for the
+    /// broker's confirmation. Does not ack the original.
+    fn dead_letter(
+        &self,
+        delivery: &Delivery<Self::Receipt>,
+        letter: &DeadLetter,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// How often a message held by the driver (waiting for a retry) must be kept alive, for brokers that
+    /// redeliver a message not acked within a deadline; `None` (the default) when nothing expires.
+    fn keep_alive_every(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Tells the broker a held message is still being worked on (NATS progress ack, Redis claim reset).
+    fn keep_alive(&self, receipt: &Self::Receipt) -> impl Future<Output = Result<()>> + Send {
+        let _ = receipt;
+        async { Ok(()) }
+    }
+}

@@ -1,0 +1,575 @@
+//! The broker contract suite: the same test bodies against a [`Fixture`] per broker (NATS JetStream,
+//! Kafka, RabbitMQ, Redis Streams). Each body drives the real relay and the real consume driver
+//! ([`Consumer::run`]) and counts rows in the database and messages at the broker.
+//!
+//! A broker's test file implements [`Fixture`] and expands [`contract_suite!`](crate::contract_suite),
+//! which generates one `#[tokio::test]` per case.
+
+use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_seaorm::consume::{DeadLetter, Delivery, Transport};
+use outbox_seaorm::prelude::*;
+use outbox_seaorm::{
+    Backoff, CancellationToken, Consumer, ConsumerConfig, ConsumerStats, NewEvent, Publisher, Received, RelayConfig,
+};
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+use serde::{Deserialize, Serialize};
+
+use crate::TestDb;
+
+/// Headers and payload of one message as read at the broker.
+pub type RawMessage = (BTreeMap<String, String>, Vec<u8>);
+
+/// One broker under the contract suite. Every test calls [`Fixture::setup`] with its own tag and gets
+/// destinations no other test (or run) uses.
+pub trait Fixture: Send + Sync + Sized + 'static {
+    /// The relay's publisher.
+    type Publisher: Publisher + Clone + 'static;
+    /// The consumer's transport.
+    type Transport: Transport + 'static;
+    /// The broker's name in messages.
+    const NAME: &'static str;
+    /// `host:port` of the server, checked before each test (skipped when unreachable outside CI).
+    const ADDRESS: &'static str;
+
+    /// Fresh destinations (stream, topic, queue, exchange...) named after `tag` plus a per-run suffix.
+    fn setup(tag: &str) -> impl Future<Output = Self> + Send;
+    /// A publisher to this test's destinations.
+    fn publisher(&self) -> Self::Publisher;
+    /// A transport reading this test's destinations as consumer group `group` (the consumer's name), with
+    /// dead letters on by default. Two transports of one group share its progress.
+    fn transport(&self, group: &str) -> impl Future<Output = Self::Transport> + Send;
+    /// Publishes a raw message (any headers, any payload) where the transports read.
+    fn publish_raw(&self, headers: &[(String, String)], payload: &[u8]) -> impl Future<Output = ()> + Send;
+    /// The dead letters `group` wrote, read without removing them.
+    fn dead_letters(&self, group: &str) -> impl Future<Output = Vec<RawMessage>> + Send;
+    /// Moves the dead letters of `group` back to their origin with the adapter's replay API; how many.
+    fn replay(&self, group: &str) -> impl Future<Output = u64> + Send;
+    /// Makes the broker unreachable for `group`'s transports for about `outage`, then reachable again, as
+    /// a broker restart would (a proxy cut, or a real restart where the broker is cheap to restart).
+    /// `None` when this fixture cannot: the case is then skipped with a printed reason.
+    fn interrupt(&self, outage: Duration) -> impl Future<Output = Option<()>> + Send;
+    /// A transport of `group` that [`interrupt`](Fixture::interrupt) affects.
+    fn interruptible_transport(&self, group: &str) -> impl Future<Output = Self::Transport> + Send;
+    /// Deletes what [`setup`](Fixture::setup) created.
+    fn teardown(self) -> impl Future<Output = ()> + Send;
+}
+
+/// The event every case sends, at schema version 2.
+#[derive(DomainEvent, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[domain_event(name = "contract.counted", version = 2, aggregate = "item")]
+pub struct Counted {
+    /// The aggregate.
+    #[aggregate_id]
+    pub item: String,
+    /// Position of the event in its aggregate (0, 1, 2...).
+    pub n: u64,
+}
+
+/// The same event at version 3 (a new field), as an upgraded consumer knows it.
+#[derive(DomainEvent, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[domain_event(name = "contract.counted", version = 3, aggregate = "item", upcast_from(v2 = Counted))]
+pub struct CountedV3 {
+    /// The aggregate.
+    #[aggregate_id]
+    pub item: String,
+    /// Position of the event in its aggregate.
+    pub n: u64,
+    /// New in version 3.
+    pub note: String,
+}
+
+impl From<Counted> for CountedV3 {
+    fn from(v2: Counted) -> Self {
+        CountedV3 { item: v2.item, n: v2.n, note: String::new() }
+    }
+}
+
+/// An event type on the same destinations that the suite's consumers have no handler for.
+#[derive(DomainEvent, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[domain_event(name = "contract.ignored", version = 1, aggregate = "item")]
+pub struct Ignored {
+    /// The aggregate.
+    #[aggregate_id]
+    pub item: String,
+}
+
+/// `items` aggregates with `per_item` events each, interleaved as a busy service writes them.
+pub fn counted_events(items: usize, per_item: u64) -> Vec<NewEvent> {
+    (0..per_item)
+        .flat_map(|n| (0..items).map(move |i| Counted { item: format!("it{i}"), n }))
+        .map(|e| e.to_new_event().expect("valid event"))
+        .collect()
+}
+
+/// The database of one case: PostgreSQL when it answers (always under CI), SQLite otherwise, with the
+/// effects table.
+pub async fn case_db(test: &str) -> TestDb {
+    let t = crate::primary_backend(test).await;
+    let sql = "CREATE TABLE contract_effects (consumer VARCHAR(64) NOT NULL, item VARCHAR(64) NOT NULL, n BIGINT NOT NULL)";
+    t.db.execute_unprepared(sql).await.unwrap_or_else(|e| panic!("{t}: {sql}: {e}"));
+    t
+}
+
+/// The effect of one event: a row in `contract_effects`, inside the inbox transaction.
+async fn apply(db: &DatabaseConnection, consumer: &str, id: &str, item: &str, n: u64) -> Result<bool, String> {
+    let sql = format!("INSERT INTO contract_effects (consumer, item, n) VALUES ('{consumer}', '{item}', {n})");
+    let outcome = outbox_seaorm::handle_once(db, consumer, id, async |txn| txn.execute_unprepared(&sql).await)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(outcome.is_processed())
+}
+
+/// Effects of `consumer`, `(item, n)` in insertion order is not kept by SQL; sorted.
+pub async fn effects(t: &TestDb, consumer: &str) -> Vec<(String, u64)> {
+    let sql = format!("SELECT item, n FROM contract_effects WHERE consumer = '{consumer}'");
+    let rows = t.db.query_all_raw(Statement::from_string(t.backend, sql)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let mut out: Vec<(String, u64)> = rows
+        .iter()
+        .map(|r| {
+            let item: String = r.try_get("", "item").expect("item");
+            let n: i64 = r.try_get("", "n").expect("n");
+            (item, u64::try_from(n).expect("n >= 0"))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The first application of every event, in the order the handlers committed them.
+#[derive(Clone, Default)]
+pub struct Applications(Arc<Mutex<Vec<(String, u64)>>>);
+
+impl Applications {
+    fn push(&self, item: &str, n: u64) {
+        self.0.lock().expect("applications").push((item.to_owned(), n));
+    }
+
+    /// Everything recorded so far.
+    pub fn all(&self) -> Vec<(String, u64)> {
+        self.0.lock().expect("applications").clone()
+    }
+
+    /// Panics unless, within each aggregate, first applications came in `n` order.
+    pub fn assert_in_order(&self, broker: &str) {
+        let mut last: BTreeMap<String, u64> = BTreeMap::new();
+        for (item, n) in self.all() {
+            if let Some(previous) = last.get(&item) {
+                assert!(n > *previous, "{broker}: aggregate {item}: n={n} first applied after n={previous}");
+            }
+            last.insert(item, n);
+        }
+    }
+}
+
+/// Settings for tests: short backoff, short fetch waits.
+pub fn fast_config() -> ConsumerConfig {
+    ConsumerConfig::default()
+        .with_backoff(Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200), multiplier: 2 })
+        .with_fetch_wait(Duration::from_millis(300))
+}
+
+/// A consumer named `name` counting `Counted` events into `contract_effects`; `fail` decides, per
+/// delivery, whether the handler errors after writing its effect (which then rolls back).
+pub fn counting_consumer(
+    t: &TestDb,
+    name: &str,
+    config: ConsumerConfig,
+    fail: impl Fn(&Counted, u32) -> bool + Send + Sync + 'static,
+) -> (Consumer, Applications) {
+    let applications = Applications::default();
+    let (db, seen, consumer_name, fail) = (t.db.clone(), applications.clone(), name.to_owned(), Arc::new(fail));
+    let handler = move |received: Received<Counted>| {
+        let (db, seen, consumer_name, fail) = (db.clone(), seen.clone(), consumer_name.clone(), fail.clone());
+        async move {
+            if fail(&received.event, received.delivery) {
+                return Err(format!("injected failure of {} n={}", received.event.item, received.event.n));
+            }
+            let id = received.envelope.id.to_string();
+            let first = apply(&db, &consumer_name, &id, &received.event.item, received.event.n).await?;
+            if first {
+                seen.push(&received.event.item, received.event.n);
+            }
+            Ok::<_, String>(if first { outbox_seaorm::Handled::Processed } else { outbox_seaorm::Handled::Duplicate })
+        }
+    };
+    let consumer = Consumer::new(name).expect("name").with_config(config).expect("config").on::<Counted>(handler);
+    (consumer, applications)
+}
+
+/// A consumer running in the background.
+pub struct Running {
+    consumer: Arc<Consumer>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<outbox_seaorm::Result<()>>,
+}
+
+impl Running {
+    /// Starts `consumer` on `transport`.
+    pub fn start<T: Transport + 'static>(consumer: Consumer, transport: T) -> Running {
+        let consumer = Arc::new(consumer);
+        let shutdown = CancellationToken::new();
+        let (running, token) = (consumer.clone(), shutdown.clone());
+        let task = tokio::spawn(async move { running.run(&transport, token).await });
+        Running { consumer, shutdown, task }
+    }
+
+    /// The consumer's counts so far.
+    pub fn stats(&self) -> ConsumerStats {
+        self.consumer.stats()
+    }
+
+    /// Cancels and waits (at most 10 s) for the driver to return; its final counts.
+    pub async fn stop(self) -> ConsumerStats {
+        self.shutdown.cancel();
+        let joined = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        joined.expect("the consumer stops within 10 s of shutdown").expect("consumer task").expect("consumer run");
+        self.consumer.stats()
+    }
+}
+
+/// Polls `check` until it holds, or panics after `limit` naming `what`.
+pub async fn eventually(limit: Duration, what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Relays every committed event of `t` to the fixture's publisher.
+pub async fn relay_all<F: Fixture>(t: &TestDb, fixture: &F, expected: u64) {
+    let relay = outbox_seaorm::Relay::new(
+        outbox_seaorm::SeaOrmStore::new(t.db.clone()),
+        fixture.publisher(),
+        RelayConfig::default().with_batch_size(200),
+    )
+    .expect("relay");
+    let mut published = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while published < expected {
+        assert!(Instant::now() < deadline, "{}: relayed {published} of {expected} within 60 s", F::NAME);
+        let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{}: relay pass: {e}", F::NAME));
+        published += pass.published;
+        if pass.claimed == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Enqueues `events` in committed transactions of 200.
+pub async fn enqueue(t: &TestDb, events: &[NewEvent]) {
+    for chunk in events.chunks(200) {
+        outbox_seaorm::enqueue_all(&t.db, chunk).await.unwrap_or_else(|e| panic!("{t}: enqueue: {e}"));
+    }
+}
+
+/// A transport that loses every ack (as if the consumer died right after its commit): the broker still
+/// holds every message as unacknowledged.
+pub struct LosingAcks<T>(pub T);
+
+impl<T: Transport> Transport for LosingAcks<T> {
+    type Receipt = T::Receipt;
+
+    fn broker(&self) -> &'static str {
+        self.0.broker()
+    }
+
+    fn source(&self) -> String {
+        self.0.source()
+    }
+
+    async fn fetch(&self, max: usize, wait: Duration) -> outbox_seaorm::Result<Vec<Delivery<T::Receipt>>> {
+        self.0.fetch(max, wait).await
+    }
+
+    async fn ack(&self, _receipt: &T::Receipt) -> outbox_seaorm::Result<()> {
+        Ok(())
+    }
+
+    async fn release(&self, _receipt: &T::Receipt) -> outbox_seaorm::Result<()> {
+        Ok(())
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery<T::Receipt>, letter: &DeadLetter) -> outbox_seaorm::Result<()> {
+        self.0.dead_letter(delivery, letter).await
+    }
+
+    fn keep_alive_every(&self) -> Option<Duration> {
+        self.0.keep_alive_every()
+    }
+
+    async fn keep_alive(&self, receipt: &T::Receipt) -> outbox_seaorm::Result<()> {
+        self.0.keep_alive(receipt).await
+    }
+}
+
+/// The cases, one generated test each (see [`contract_suite!`](crate::contract_suite)).
+pub mod cases {
+    use super::*;
+
+    async fn begin<F: Fixture>(case: &str) -> Option<(TestDb, F)> {
+        if !crate::proxy::server_available(F::NAME, F::ADDRESS).await {
+            return None;
+        }
+        let t = case_db(case).await;
+        Some((t, F::setup(case).await))
+    }
+
+    /// Every event crosses the broker once and is applied once, in order per aggregate.
+    pub async fn round_trip<F: Fixture>() {
+        let Some((t, fx)) = begin::<F>("round_trip").await else { return };
+        enqueue(&t, &counted_events(8, 5)).await;
+        relay_all(&t, &fx, 40).await;
+        let (consumer, applied) = counting_consumer(&t, "rt", fast_config(), |_, _| false);
+        let running = Running::start(consumer, fx.transport("rt").await);
+        eventually(Duration::from_secs(30), "40 effects", async || effects(&t, "rt").await.len() == 40).await;
+        let stats = running.stop().await;
+        assert_eq!(stats.processed, 40, "{}: {stats:?}", F::NAME);
+        assert_eq!(stats.dead_lettered, 0, "{}: {stats:?}", F::NAME);
+        assert_eq!(crate::count_inbox(&t, "rt").await, 40, "{}", F::NAME);
+        applied.assert_in_order(F::NAME);
+        fx.teardown().await;
+    }
+
+    /// 1,000 events over 50 aggregates, 10 % of deliveries failing at random after writing their effect:
+    /// every event applied exactly once, first applications in order per aggregate, nothing dead.
+    pub async fn random_failures_keep_order<F: Fixture>() {
+        let Some((t, fx)) = begin::<F>("random_failures").await else { return };
+        enqueue(&t, &counted_events(50, 20)).await;
+        relay_all(&t, &fx, 1_000).await;
+        let seed = std::sync::atomic::AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+        let fail = move |_: &Counted, _: u32| {
+            let mut x = seed.load(std::sync::atomic::Ordering::Relaxed);
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            seed.store(x, std::sync::atomic::Ordering::Relaxed);
+            x % 10 == 0
+        };
+        let config = fast_config().with_max_deliveries(1_000);
+        let (consumer, applied) = counting_consumer(&t, "rf", config, fail);
+        let running = Running::start(consumer, fx.transport("rf").await);
+        eventually(Duration::from_secs(120), "1000 effects", async || effects(&t, "rf").await.len() == 1_000).await;
+        let stats = running.stop().await;
+        let unique: HashSet<_> = effects(&t, "rf").await.into_iter().collect();
+        assert_eq!(unique.len(), 1_000, "{}: each event applied once", F::NAME);
+        assert!(stats.retried > 0, "{}: the failures were injected: {stats:?}", F::NAME);
+        assert_eq!(stats.dead_lettered, 0, "{}: {stats:?}", F::NAME);
+        applied.assert_in_order(F::NAME);
+        fx.teardown().await;
+    }
+
+    /// Messages that are not outbox messages are dead-lettered with their reason, and the messages after
+    /// them are processed: published = applied + dead-lettered.
+    pub async fn poison_messages_are_dead_lettered<F: Fixture>() {
+        let Some((t, fx)) = begin::<F>("poison").await else { return };
+        enqueue(&t, &counted_events(2, 2)).await;
+        relay_all(&t, &fx, 4).await;
+        fx.publish_raw(&[], b"not an outbox message").await;
+        let mut headers = outbox_seaorm::broker::envelope_headers(&outbox_sample());
+        for (name, value) in &mut headers {
+            if name == "ce_time" {
+                *value = "yesterday".to_owned();
+            }
+        }
+        fx.publish_raw(&headers, br#"{"item":"it0","n":9}"#).await;
+        enqueue(&t, &counted_events(2, 3)[4..]).await;
+        relay_all(&t, &fx, 2).await;
+        let (consumer, _) = counting_consumer(&t, "pm", fast_config(), |_, _| false);
+        let running = Running::start(consumer, fx.transport("pm").await);
+        eventually(Duration::from_secs(30), "6 effects and 2 dead letters", async || {
+            effects(&t, "pm").await.len() == 6 && running.stats().dead_lettered == 2
+        })
+        .await;
+        let stats = running.stop().await;
+        let dead = fx.dead_letters("pm").await;
+        assert_eq!(dead.len(), 2, "{}: {dead:?}", F::NAME);
+        let reasons: Vec<&str> = dead.iter().filter_map(|(h, _)| h.get("outbox_dead_reason").map(String::as_str)).collect();
+        assert!(reasons.iter().any(|r| r.contains("ce_id")), "{}: {reasons:?}", F::NAME);
+        assert!(reasons.iter().any(|r| r.contains("ce_time")), "{}: {reasons:?}", F::NAME);
+        assert!(dead.iter().any(|(_, p)| p == b"not an outbox message"), "{}: the payload is kept", F::NAME);
+        assert_eq!(stats.processed + stats.dead_lettered, 8, "{}: {stats:?}", F::NAME);
+        fx.teardown().await;
+    }
+
+    /// A handler that panics on one event: the consumer keeps going, the event is dead-lettered after
+    /// `max_deliveries` with the panic as its reason, and a replay after the fix applies it once.
+    pub async fn panicking_handler_then_replay<F: Fixture>() {
+        let Some((t, fx)) = begin::<F>("panic_replay").await else { return };
+        enqueue(&t, &counted_events(3, 3)).await;
+        relay_all(&t, &fx, 9).await;
+        let config = fast_config().with_max_deliveries(3);
+        let (consumer, _) = counting_consumer(&t, "ph", config.clone(), |e, _| {
+            assert!(!(e.item == "it1" && e.n == 1), "bug in the handler for it1/1");
+            false
+        });
+        let running = Running::start(consumer, fx.transport("ph").await);
+        // it1/1 is dead, so it1/2 follows it (the dead letter ends the wait of its lane).
+        eventually(Duration::from_secs(30), "8 effects and 1 dead letter", async || {
+            effects(&t, "ph").await.len() == 8 && running.stats().dead_lettered == 1
+        })
+        .await;
+        let stats = running.stop().await;
+        assert_eq!(stats.retried, 2, "{}: 3 deliveries, 2 retries: {stats:?}", F::NAME);
+        let dead = fx.dead_letters("ph").await;
+        assert_eq!(dead.len(), 1, "{}", F::NAME);
+        let reason = dead[0].0.get("outbox_dead_reason").cloned().unwrap_or_default();
+        assert!(reason.contains("panicked") && reason.contains("it1/1"), "{}: {reason}", F::NAME);
+        assert_eq!(dead[0].0.get("outbox_dead_attempts").map(String::as_str), Some("3"), "{}", F::NAME);
+        assert_eq!(fx.replay("ph").await, 1, "{}: one dead letter replayed", F::NAME);
+        let (fixed, _) = counting_consumer(&t, "ph", config, |_, _| false);
+        let running = Running::start(fixed, fx.transport("ph").await);
+        eventually(Duration::from_secs(30), "the replayed event applied", async || effects(&t, "ph").await.len() == 9)
+            .await;
+        let stats = running.stop().await;
+        assert_eq!(effects(&t, "ph").await.iter().filter(|(i, n)| i == "it1" && *n == 1).count(), 1, "{}", F::NAME);
+        assert_eq!(stats.dead_lettered, 0, "{}: {stats:?}", F::NAME);
+        fx.teardown().await;
+    }
+
+    /// A v3 event at a consumer that knows v2: not applied, not dead-lettered, not lost; applied once by
+    /// the upgraded consumer.
+    pub async fn newer_version_waits_for_the_upgrade<F: Fixture>() {
+        let Some((t, fx)) = begin::<F>("newer_version").await else { return };
+        let v3 = CountedV3 { item: "it0".into(), n: 0, note: "new".into() }.to_new_event().expect("v3 event");
+        enqueue(&t, &[v3]).await;
+        enqueue(&t, &counted_events(2, 1)[1..]).await;
+        relay_all(&t, &fx, 2).await;
+        let (old, _) = counting_consumer(&t, "nv", fast_config(), |_, _| false);
+        let running = Running::start(old, fx.transport("nv").await);
+        eventually(Duration::from_secs(30), "it1 applied and the v3 event retried", async || {
+            effects(&t, "nv").await.len() == 1 && running.stats().newer_version >= 3
+        })
+        .await;
+        let stats = running.stop().await;
+        assert_eq!(effects(&t, "nv").await, vec![("it1".to_owned(), 0)], "{}", F::NAME);
+        assert_eq!(stats.dead_lettered, 0, "{}: {stats:?}", F::NAME);
+        assert!(fx.dead_letters("nv").await.is_empty(), "{}", F::NAME);
+
+        let db = t.db.clone();
+        let upgraded = Consumer::new("nv").expect("name").with_config(fast_config()).expect("config").on::<CountedV3>(
+            move |r: Received<CountedV3>| {
+                let db = db.clone();
+                async move { apply(&db, "nv", &r.envelope.id.to_string(), &r.event.item, r.event.n).await.map(|_| ()) }
+            },
+        );
+        let running = Running::start(upgraded, fx.transport("nv").await);
+        eventually(Duration::from_secs(30), "the v3 event applied", async || effects(&t, "nv").await.len() == 2).await;
+        running.stop().await;
+        assert_eq!(crate::count_inbox(&t, "nv").await, 2, "{}", F::NAME);
+        fx.teardown().await;
+    }
+
+    /// An event type this consumer has no handler for is acked untouched, and never comes back.
+    pub async fn unhandled_types_are_skipped<F: Fixture>() {
+        let Some((t, fx)) = begin::<F>("unhandled").await else { return };
+        let ignored: Vec<NewEvent> =
+            (0..3).map(|i| Ignored { item: format!("it{i}") }.to_new_event().expect("event")).collect();
+        enqueue(&t, &ignored).await;
+        enqueue(&t, &counted_events(3, 1)).await;
+        relay_all(&t, &fx, 6).await;
+        let (consumer, _) = counting_consumer(&t, "un", fast_config(), |_, _| false);
+        let running = Running::start(consumer, fx.transport("un").await);
+        eventually(Duration::from_secs(30), "3 effects, 3 skipped", async || {
+            effects(&t, "un").await.len() == 3 && running.stats().skipped == 3
+        })
+        .await;
+        running.stop().await;
+        let (again, _) = counting_consumer(&t, "un", fast_config(), |_, _| false);
+        let running = Running::start(again, fx.transport("un").await);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let stats = running.stop().await;
+        assert_eq!(stats.skipped + stats.processed + stats.duplicates, 0, "{}: acked means gone: {stats:?}", F::NAME);
+        assert!(fx.dead_letters("un").await.is_empty(), "{}", F::NAME);
+        fx.teardown().await;
+    }
+
+    /// The consumer dies after its commits and before its acks: the broker redelivers everything, the
+    /// inbox absorbs every redelivery, each effect stays applied once.
+    pub async fn killed_between_commit_and_ack<F: Fixture>() {
+        let Some((t, fx)) = begin::<F>("lost_ack").await else { return };
+        enqueue(&t, &counted_events(4, 5)).await;
+        relay_all(&t, &fx, 20).await;
+        let (consumer, _) = counting_consumer(&t, "la", fast_config(), |_, _| false);
+        let running = Running::start(consumer, LosingAcks(fx.transport("la").await));
+        eventually(Duration::from_secs(30), "20 effects", async || effects(&t, "la").await.len() == 20).await;
+        running.stop().await;
+        let (again, _) = counting_consumer(&t, "la", fast_config(), |_, _| false);
+        let running = Running::start(again, fx.transport("la").await);
+        eventually(Duration::from_secs(60), "20 redeliveries absorbed", async || running.stats().duplicates == 20).await;
+        let stats = running.stop().await;
+        assert_eq!(stats.processed, 0, "{}: {stats:?}", F::NAME);
+        assert_eq!(effects(&t, "la").await.len(), 20, "{}", F::NAME);
+        fx.teardown().await;
+    }
+
+    /// The broker goes away mid-run and comes back: nothing lost, nothing applied twice.
+    pub async fn broker_outage_loses_nothing<F: Fixture>() {
+        let Some((t, fx)) = begin::<F>("outage").await else { return };
+        enqueue(&t, &counted_events(10, 20)).await;
+        relay_all(&t, &fx, 200).await;
+        let slow = |_: &Counted, _: u32| {
+            std::thread::sleep(Duration::from_millis(2));
+            false
+        };
+        let (consumer, applied) = counting_consumer(&t, "ou", fast_config().with_batch_size(20), slow);
+        let running = Running::start(consumer, fx.interruptible_transport("ou").await);
+        eventually(Duration::from_secs(30), "the first effects", async || !effects(&t, "ou").await.is_empty()).await;
+        if fx.interrupt(Duration::from_secs(2)).await.is_none() {
+            eprintln!("skipping the outage of {}: the fixture cannot interrupt it", F::NAME);
+        }
+        eventually(Duration::from_secs(90), "200 effects", async || effects(&t, "ou").await.len() == 200).await;
+        running.stop().await;
+        let unique: HashSet<_> = effects(&t, "ou").await.into_iter().collect();
+        assert_eq!(unique.len(), 200, "{}", F::NAME);
+        applied.assert_in_order(F::NAME);
+        fx.teardown().await;
+    }
+
+    fn outbox_sample() -> outbox_seaorm::OutboxEvent {
+        let event = Counted { item: "it0".into(), n: 9 }.to_new_event().expect("event");
+        outbox_seaorm::OutboxEvent {
+            seq: 1,
+            aggregate_version: 1,
+            id: event.id(),
+            aggregate_type: event.aggregate_type().to_owned(),
+            aggregate_id: event.aggregate_id().to_owned(),
+            event_type: event.event_type().to_owned(),
+            schema_version: 2,
+            payload: event.payload_json().to_owned(),
+            headers: Default::default(),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+            last_error: None,
+        }
+    }
+}
+
+/// One `#[tokio::test]` per contract case for `$fixture`.
+#[macro_export]
+macro_rules! contract_suite {
+    ($fixture:ty) => {
+        $crate::contract_suite!($fixture:
+            round_trip,
+            random_failures_keep_order,
+            poison_messages_are_dead_lettered,
+            panicking_handler_then_replay,
+            newer_version_waits_for_the_upgrade,
+            unhandled_types_are_skipped,
+            killed_between_commit_and_ack,
+            broker_outage_loses_nothing,
+        );
+    };
+    ($fixture:ty: $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                $crate::contract::cases::$case::<$fixture>().await;
+            }
+        )*
+    };
+}
