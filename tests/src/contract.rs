@@ -109,7 +109,8 @@ pub fn counted_events(items: usize, per_item: u64) -> Vec<NewEvent> {
 /// effects table.
 pub async fn case_db(test: &str) -> TestDb {
     let t = crate::primary_backend(test).await;
-    let sql = "CREATE TABLE contract_effects (consumer VARCHAR(64) NOT NULL, item VARCHAR(64) NOT NULL, n BIGINT NOT NULL)";
+    let sql =
+        "CREATE TABLE contract_effects (consumer VARCHAR(64) NOT NULL, item VARCHAR(64) NOT NULL, n BIGINT NOT NULL)";
     t.db.execute_unprepared(sql).await.unwrap_or_else(|e| panic!("{t}: {sql}: {e}"));
     t
 }
@@ -388,7 +389,8 @@ pub mod cases {
         let stats = running.stop().await;
         let dead = fx.dead_letters("pm").await;
         assert_eq!(dead.len(), 2, "{}: {dead:?}", F::NAME);
-        let reasons: Vec<&str> = dead.iter().filter_map(|(h, _)| h.get("outbox_dead_reason").map(String::as_str)).collect();
+        let reasons: Vec<&str> =
+            dead.iter().filter_map(|(h, _)| h.get("outbox_dead_reason").map(String::as_str)).collect();
         assert!(reasons.iter().any(|r| r.contains("ce_id")), "{}: {reasons:?}", F::NAME);
         assert!(reasons.iter().any(|r| r.contains("ce_time")), "{}: {reasons:?}", F::NAME);
         assert!(dead.iter().any(|(_, p)| p == b"not an outbox message"), "{}: the payload is kept", F::NAME);
@@ -500,7 +502,8 @@ pub mod cases {
         running.stop().await;
         let (again, _) = counting_consumer(&t, "la", fast_config(), |_, _| false);
         let running = Running::start(again, fx.transport("la").await);
-        eventually(Duration::from_secs(60), "20 redeliveries absorbed", async || running.stats().duplicates == 20).await;
+        eventually(Duration::from_secs(60), "20 redeliveries absorbed", async || running.stats().duplicates == 20)
+            .await;
         let stats = running.stop().await;
         assert_eq!(stats.processed, 0, "{}: {stats:?}", F::NAME);
         assert_eq!(effects(&t, "la").await.len(), 20, "{}", F::NAME);

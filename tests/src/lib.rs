@@ -53,10 +53,8 @@ impl TestDb {
 pub fn run_suffix() -> &'static str {
     static SUFFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SUFFIX.get_or_init(|| {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default();
+        let secs =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
         format!("{secs}_{}", std::process::id())
     })
 }
@@ -78,8 +76,8 @@ pub async fn primary_backend(test: &str) -> TestDb {
 
 /// Rows in `inbox_messages` for `consumer`.
 pub async fn count_inbox(t: &TestDb, consumer: &str) -> u64 {
-    use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
     use outbox_seaorm::entity::inbox_message;
+    use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
     inbox_message::Entity::find()
         .filter(inbox_message::Column::Consumer.eq(consumer))
         .count(&t.db)
@@ -104,6 +102,66 @@ async fn connect(url: &str, backend: DbBackend, schema: &str) -> Result<Database
         options.set_schema_search_path(schema.to_owned());
     }
     Database::connect(options).await
+}
+
+/// A database backend a generated test runs on (see [`per_backend!`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// An SQLite file under the system temp directory.
+    Sqlite,
+    /// A schema on the PostgreSQL server.
+    Postgres,
+    /// A database on the MySQL/MariaDB server.
+    MySql,
+}
+
+/// Runs `test` on a fresh, migrated database of `backend` named after `tag`; when the server does not
+/// answer, prints why and returns (under `CI=true` it panics instead).
+pub async fn run_on<F, Fut>(backend: Backend, tag: &str, test: F)
+where
+    F: FnOnce(TestDb) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let t = match backend {
+        Backend::Sqlite => Ok(sqlite(tag).await),
+        Backend::Postgres => postgres(tag).await,
+        Backend::MySql => mysql(tag).await,
+    };
+    let t = match t {
+        Ok(t) => t,
+        Err(reason) if in_ci() => panic!("CI=true but {reason}"),
+        Err(reason) => {
+            eprintln!("skipping: {reason}");
+            return;
+        }
+    };
+    outbox_seaorm::migrate(&t.db).await.unwrap_or_else(|e| panic!("migrate {t}: {e}"));
+    test(t).await;
+}
+
+/// One `#[tokio::test]` per backend for `async fn $name(t: TestDb)`: `$name::sqlite`, `$name::postgres` and
+/// `$name::mysql`, so a failure on one backend never hides the result of another. `$tag` names the
+/// test's schema, database or file (plus a per-run suffix).
+#[macro_export]
+macro_rules! per_backend {
+    ($name:ident, $tag:literal) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                $crate::run_on($crate::Backend::Sqlite, $tag, super::$name).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                $crate::run_on($crate::Backend::Postgres, $tag, super::$name).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn mysql() {
+                $crate::run_on($crate::Backend::MySql, $tag, super::$name).await;
+            }
+        }
+    };
 }
 
 /// A fresh, migrated database for `test` on every reachable backend.
@@ -154,7 +212,8 @@ async fn postgres(test: &str) -> Result<TestDb, String> {
 
 /// Drops the schemas of test runs that started more than a day ago (`t_<test>_<secs>_<pid>`).
 async fn sweep_postgres(admin: &DatabaseConnection) {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
     let sql = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 't\\_%'";
     let Ok(rows) = admin.query_all_raw(sea_orm::Statement::from_string(DbBackend::Postgres, sql)).await else { return };
     for row in rows {

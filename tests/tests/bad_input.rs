@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::{count_outbox, count_table, create_shop_tables, enqueue_committed, event, fast_config};
-use outbox_integration_tests::{TestDb, all_backends};
+use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::{
     ClaimMode, DEFAULT_MAX_PAYLOAD_BYTES, Error, InMemoryPublisher, MAX_AGGREGATE_ID_LEN, MAX_AGGREGATE_TYPE_LEN,
     MAX_EVENT_TYPE_LEN, NewEvent, OutboxStore, Relay, RelayConfig, SeaOrmStore,
@@ -34,87 +34,81 @@ fn unserializable() -> HashMap<(u8, u8), &'static str> {
     HashMap::from([((1, 2), "tuple keys are not JSON object keys")])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_events_are_typed_errors_and_leave_no_rows() {
-    for t in all_backends("bad_events_write_nothing").await {
-        create_shop_tables(&t).await;
-        let too_long_id = "i".repeat(MAX_AGGREGATE_ID_LEN + 1);
-        let too_long_type = "t".repeat(MAX_EVENT_TYPE_LEN + 1);
-        let too_long_aggregate_type = "a".repeat(MAX_AGGREGATE_TYPE_LEN + 1);
-        let too_big = "x".repeat(DEFAULT_MAX_PAYLOAD_BYTES);
-        let payload = serde_json::json!({"total_minor": 4900});
-        let cases: Vec<(&str, Build<'_>)> = vec![
-            ("aggregate_id", Box::new(|| NewEvent::new("order", "", "order.placed", &payload))),
-            ("aggregate_id", Box::new(|| NewEvent::new("order", "  ", "order.placed", &payload))),
-            ("aggregate_id", Box::new(|| NewEvent::new("order", too_long_id.as_str(), "order.placed", &payload))),
-            ("aggregate_id", Box::new(|| NewEvent::new("order", "o\n1", "order.placed", &payload))),
-            ("event_type", Box::new(|| NewEvent::new("order", "o1", "", &payload))),
-            ("event_type", Box::new(|| NewEvent::new("order", "o1", too_long_type.as_str(), &payload))),
-            ("aggregate_type", Box::new(|| NewEvent::new(too_long_aggregate_type.as_str(), "o1", "t", &payload))),
-            ("payload", Box::new(|| NewEvent::new("order", "o1", "order.placed", &too_big))),
-            ("payload", Box::new(|| NewEvent::from_json("order", "o1", "order.placed", "{not json".to_owned()))),
-            ("headers", Box::new(|| NewEvent::new("order", "o1", "t", &payload)?.with_header("", "v"))),
-            ("serialize", Box::new(|| NewEvent::new("order", "o1", "order.placed", &unserializable()))),
-        ];
-        for (expected, build) in cases {
-            let err = place_order(&t, build).await.expect_err("the event must be rejected");
-            match (&err, expected) {
-                (Error::Serialize { event_type, .. }, "serialize") => assert_eq!(event_type, "order.placed", "{t}"),
-                (Error::InvalidEvent { field, .. }, _) => assert_eq!(*field, expected, "{t}: {err}"),
-                _ => panic!("{t}: expected a typed error for {expected}, got {err}"),
-            }
-            assert!(
-                err.to_string().contains(if expected == "serialize" { "order.placed" } else { expected }),
-                "{t}: {err}"
-            );
+async fn invalid_events_are_typed_errors_and_leave_no_rows(t: TestDb) {
+    create_shop_tables(&t).await;
+    let too_long_id = "i".repeat(MAX_AGGREGATE_ID_LEN + 1);
+    let too_long_type = "t".repeat(MAX_EVENT_TYPE_LEN + 1);
+    let too_long_aggregate_type = "a".repeat(MAX_AGGREGATE_TYPE_LEN + 1);
+    let too_big = "x".repeat(DEFAULT_MAX_PAYLOAD_BYTES);
+    let payload = serde_json::json!({"total_minor": 4900});
+    let cases: Vec<(&str, Build<'_>)> = vec![
+        ("aggregate_id", Box::new(|| NewEvent::new("order", "", "order.placed", &payload))),
+        ("aggregate_id", Box::new(|| NewEvent::new("order", "  ", "order.placed", &payload))),
+        ("aggregate_id", Box::new(|| NewEvent::new("order", too_long_id.as_str(), "order.placed", &payload))),
+        ("aggregate_id", Box::new(|| NewEvent::new("order", "o\n1", "order.placed", &payload))),
+        ("event_type", Box::new(|| NewEvent::new("order", "o1", "", &payload))),
+        ("event_type", Box::new(|| NewEvent::new("order", "o1", too_long_type.as_str(), &payload))),
+        ("aggregate_type", Box::new(|| NewEvent::new(too_long_aggregate_type.as_str(), "o1", "t", &payload))),
+        ("payload", Box::new(|| NewEvent::new("order", "o1", "order.placed", &too_big))),
+        ("payload", Box::new(|| NewEvent::from_json("order", "o1", "order.placed", "{not json".to_owned()))),
+        ("headers", Box::new(|| NewEvent::new("order", "o1", "t", &payload)?.with_header("", "v"))),
+        ("serialize", Box::new(|| NewEvent::new("order", "o1", "order.placed", &unserializable()))),
+    ];
+    for (expected, build) in cases {
+        let err = place_order(&t, build).await.expect_err("the event must be rejected");
+        match (&err, expected) {
+            (Error::Serialize { event_type, .. }, "serialize") => assert_eq!(event_type, "order.placed", "{t}"),
+            (Error::InvalidEvent { field, .. }, _) => assert_eq!(*field, expected, "{t}: {err}"),
+            _ => panic!("{t}: expected a typed error for {expected}, got {err}"),
         }
-        assert_eq!(count_outbox(&t).await, 0, "{t}: no event row");
-        assert_eq!(count_table(&t, "orders").await, 0, "{t}: and the business change rolled back with it");
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_at_every_size_limit_fit_their_columns_and_round_trip() {
-    for t in all_backends("limits_fit_their_columns").await {
-        // Multi-byte characters: the limits are bytes, so these hold fewer characters than the columns do.
-        let aggregate_type = "ä".repeat(MAX_AGGREGATE_TYPE_LEN / 2);
-        let aggregate_id = "i".repeat(MAX_AGGREGATE_ID_LEN);
-        let event_type = "t".repeat(MAX_EVENT_TYPE_LEN);
-        // A JSON string of exactly the payload limit: two quotes around it.
-        let payload = "p".repeat(DEFAULT_MAX_PAYLOAD_BYTES - 2);
-        let e = NewEvent::new(aggregate_type.as_str(), aggregate_id.as_str(), event_type.as_str(), &payload)
-            .unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert!(NewEvent::new("order", "o1", "t", &format!("{payload}p")).is_err(), "{t}: one byte over the limit");
-        enqueue_committed(&t, std::slice::from_ref(&e)).await;
-
-        let broker = InMemoryPublisher::new();
-        let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), fast_config()).expect("config");
-        let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(pass.published, 1, "{t}: {pass:?}");
-        let got = &broker.received()[0];
-        assert_eq!(
-            (got.aggregate_type.as_str(), got.aggregate_id.as_str(), got.event_type.as_str()),
-            (aggregate_type.as_str(), aggregate_id.as_str(), event_type.as_str()),
-            "{t}"
+        assert!(
+            err.to_string().contains(if expected == "serialize" { "order.placed" } else { expected }),
+            "{t}: {err}"
         );
-        let back: String = got.decode().unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert!(back == payload, "{t}: the payload came back changed ({} bytes)", back.len());
     }
+    assert_eq!(count_outbox(&t).await, 0, "{t}: no event row");
+    assert_eq!(count_table(&t, "orders").await, 0, "{t}: and the business change rolled back with it");
 }
+per_backend!(invalid_events_are_typed_errors_and_leave_no_rows, "bad_events_write_nothing");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_event_id_can_be_enqueued_only_once() {
-    for t in all_backends("event_id_is_unique").await {
-        let e = event("o1", "order.placed", 1);
-        enqueue_committed(&t, std::slice::from_ref(&e)).await;
-        let again = NewEvent::new("order", "o1", "order.placed", &2).expect("valid").with_id(e.id());
-        let txn = t.db.begin().await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        let err = outbox_seaorm::enqueue(&txn, &again).await.expect_err("a second row with the same id");
-        assert!(matches!(err, Error::Store { table: "outbox_events", .. }), "{t}: {err}");
-        txn.rollback().await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(count_outbox(&t).await, 1, "{t}");
-    }
+async fn events_at_every_size_limit_fit_their_columns_and_round_trip(t: TestDb) {
+    // Multi-byte characters: the limits are bytes, so these hold fewer characters than the columns do.
+    let aggregate_type = "ä".repeat(MAX_AGGREGATE_TYPE_LEN / 2);
+    let aggregate_id = "i".repeat(MAX_AGGREGATE_ID_LEN);
+    let event_type = "t".repeat(MAX_EVENT_TYPE_LEN);
+    // A JSON string of exactly the payload limit: two quotes around it.
+    let payload = "p".repeat(DEFAULT_MAX_PAYLOAD_BYTES - 2);
+    let e = NewEvent::new(aggregate_type.as_str(), aggregate_id.as_str(), event_type.as_str(), &payload)
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert!(NewEvent::new("order", "o1", "t", &format!("{payload}p")).is_err(), "{t}: one byte over the limit");
+    enqueue_committed(&t, std::slice::from_ref(&e)).await;
+
+    let broker = InMemoryPublisher::new();
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), fast_config()).expect("config");
+    let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(pass.published, 1, "{t}: {pass:?}");
+    let got = &broker.received()[0];
+    assert_eq!(
+        (got.aggregate_type.as_str(), got.aggregate_id.as_str(), got.event_type.as_str()),
+        (aggregate_type.as_str(), aggregate_id.as_str(), event_type.as_str()),
+        "{t}"
+    );
+    let back: String = got.decode().unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert!(back == payload, "{t}: the payload came back changed ({} bytes)", back.len());
 }
+per_backend!(events_at_every_size_limit_fit_their_columns_and_round_trip, "limits_fit_their_columns");
+
+async fn an_event_id_can_be_enqueued_only_once(t: TestDb) {
+    let e = event("o1", "order.placed", 1);
+    enqueue_committed(&t, std::slice::from_ref(&e)).await;
+    let again = NewEvent::new("order", "o1", "order.placed", &2).expect("valid").with_id(e.id());
+    let txn = t.db.begin().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let err = outbox_seaorm::enqueue(&txn, &again).await.expect_err("a second row with the same id");
+    assert!(matches!(err, Error::Store { table: "outbox_events", .. }), "{t}: {err}");
+    txn.rollback().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(count_outbox(&t).await, 1, "{t}");
+}
+per_backend!(an_event_id_can_be_enqueued_only_once, "event_id_is_unique");
 
 /// `Relay::new` with `config`, expecting `InvalidConfig` naming `field`.
 fn assert_rejected(t: &TestDb, config: RelayConfig, field: &str) {
@@ -126,21 +120,18 @@ fn assert_rejected(t: &TestDb, config: RelayConfig, field: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relay_with_out_of_range_settings_is_never_created() {
-    for t in all_backends("bad_relay_config").await {
-        enqueue_committed(&t, &[event("o1", "order.placed", 1)]).await;
-        assert_rejected(&t, RelayConfig::default().with_batch_size(0), "batch_size");
-        assert_rejected(&t, RelayConfig::default().with_max_attempts(0), "max_attempts");
-        assert_rejected(&t, RelayConfig::default().with_poll_interval(Duration::ZERO), "poll_interval");
-        let short_lease = ClaimMode::Lease { duration: Duration::from_secs(5) };
-        assert_rejected(&t, RelayConfig::default().with_claim_mode(short_lease), "claim_mode");
-        // Nothing was claimed or touched.
-        let stats =
-            SeaOrmStore::new(t.db.clone()).stats(chrono::Utc::now()).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((stats.pending, stats.max_attempts), (1, 0), "{t}: {stats:?}");
-    }
+async fn a_relay_with_out_of_range_settings_is_never_created(t: TestDb) {
+    enqueue_committed(&t, &[event("o1", "order.placed", 1)]).await;
+    assert_rejected(&t, RelayConfig::default().with_batch_size(0), "batch_size");
+    assert_rejected(&t, RelayConfig::default().with_max_attempts(0), "max_attempts");
+    assert_rejected(&t, RelayConfig::default().with_poll_interval(Duration::ZERO), "poll_interval");
+    let short_lease = ClaimMode::Lease { duration: Duration::from_secs(5) };
+    assert_rejected(&t, RelayConfig::default().with_claim_mode(short_lease), "claim_mode");
+    // Nothing was claimed or touched.
+    let stats = SeaOrmStore::new(t.db.clone()).stats(chrono::Utc::now()).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((stats.pending, stats.max_attempts), (1, 0), "{t}: {stats:?}");
 }
+per_backend!(a_relay_with_out_of_range_settings_is_never_created, "bad_relay_config");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_rejects_an_unsupported_url_scheme_before_connecting() {

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::{assert_per_aggregate_order, count_published, enqueue_committed, event};
-use outbox_integration_tests::{TestDb, all_backends};
+use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::{
     Backoff, BatchOutcome, ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, InMemoryPublisher, NewEvent,
     OutboxStore, Relay, RelayConfig, SeaOrmStore,
@@ -76,33 +76,25 @@ async fn two_relays_publish_each_event_once_in_order(t: &TestDb, mode: ClaimMode
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_transaction_mode_relays_publish_every_event_once_in_order() {
-    for t in all_backends("two_relays_transaction_mode").await {
-        two_relays_publish_each_event_once_in_order(&t, ClaimMode::Transaction, false).await;
-    }
+async fn two_transaction_mode_relays_publish_every_event_once_in_order(t: TestDb) {
+    two_relays_publish_each_event_once_in_order(&t, ClaimMode::Transaction, false).await;
 }
+per_backend!(two_transaction_mode_relays_publish_every_event_once_in_order, "two_relays_transaction_mode");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_lease_mode_relays_publish_every_event_once_in_order() {
-    for t in all_backends("two_relays_lease_mode").await {
-        two_relays_publish_each_event_once_in_order(&t, LEASE, false).await;
-    }
+async fn two_lease_mode_relays_publish_every_event_once_in_order(t: TestDb) {
+    two_relays_publish_each_event_once_in_order(&t, LEASE, false).await;
 }
+per_backend!(two_lease_mode_relays_publish_every_event_once_in_order, "two_relays_lease_mode");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_transaction_mode_relays_keep_order_through_broker_faults() {
-    for t in all_backends("two_relays_transaction_mode_faults").await {
-        two_relays_publish_each_event_once_in_order(&t, ClaimMode::Transaction, true).await;
-    }
+async fn two_transaction_mode_relays_keep_order_through_broker_faults(t: TestDb) {
+    two_relays_publish_each_event_once_in_order(&t, ClaimMode::Transaction, true).await;
 }
+per_backend!(two_transaction_mode_relays_keep_order_through_broker_faults, "two_relays_transaction_mode_faults");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_lease_mode_relays_keep_order_through_broker_faults() {
-    for t in all_backends("two_relays_lease_mode_faults").await {
-        two_relays_publish_each_event_once_in_order(&t, LEASE, true).await;
-    }
+async fn two_lease_mode_relays_keep_order_through_broker_faults(t: TestDb) {
+    two_relays_publish_each_event_once_in_order(&t, LEASE, true).await;
 }
+per_backend!(two_lease_mode_relays_keep_order_through_broker_faults, "two_relays_lease_mode_faults");
 
 fn request(mode: ClaimMode, limit: u32) -> ClaimRequest {
     ClaimRequest { now: chrono::Utc::now(), limit, mode, dead_letters: DeadLetterPolicy::BlockAggregate }
@@ -158,50 +150,44 @@ async fn held_head_keeps_its_aggregate_from_other_relays(t: &TestDb, mode: Claim
     assert_eq!(count_published(t).await, 4, "{t}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_aggregate_whose_head_another_relay_locks_is_skipped_whole() {
-    for t in all_backends("held_head_transaction_mode").await {
-        // SQLite has no row locks: a second claim waits for the first relay's write transaction to end, so
-        // this interleaving cannot happen there (the relays take turns).
-        if t.backend == DbBackend::Sqlite {
-            continue;
-        }
-        held_head_keeps_its_aggregate_from_other_relays(&t, ClaimMode::Transaction).await;
+async fn an_aggregate_whose_head_another_relay_locks_is_skipped_whole(t: TestDb) {
+    // SQLite has no row locks: a second claim waits for the first relay's write transaction to end, so
+    // this interleaving cannot happen there (the relays take turns).
+    if t.backend == DbBackend::Sqlite {
+        return;
     }
+    held_head_keeps_its_aggregate_from_other_relays(&t, ClaimMode::Transaction).await;
 }
+per_backend!(an_aggregate_whose_head_another_relay_locks_is_skipped_whole, "held_head_transaction_mode");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_aggregate_whose_head_another_relay_leases_is_skipped_whole() {
-    for t in all_backends("held_head_lease_mode").await {
-        held_head_keeps_its_aggregate_from_other_relays(&t, LEASE).await;
+async fn an_aggregate_whose_head_another_relay_leases_is_skipped_whole(t: TestDb) {
+    held_head_keeps_its_aggregate_from_other_relays(&t, LEASE).await;
+}
+per_backend!(an_aggregate_whose_head_another_relay_leases_is_skipped_whole, "held_head_lease_mode");
+
+async fn an_enqueue_never_waits_for_a_relays_open_transaction_claim(t: TestDb) {
+    // SQLite has one writer at a time: there an enqueue waits for the relay's transaction (the crate
+    // docs say so, and recommend lease mode).
+    if t.backend == DbBackend::Sqlite {
+        return;
     }
+    enqueue_committed(&t, &[event("x", "first", 1), event("y", "first", 2)]).await;
+    let relay_pool = SeaOrmStore::new(t.reconnect().await);
+    let held = relay_pool.claim(request(ClaimMode::Transaction, 10)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(held.events().len(), 2, "{t}");
+
+    // New events of a held aggregate and of a fresh one, while the claim is open.
+    let more = [event("x", "second", 3), event("z", "first", 4)];
+    tokio::time::timeout(Duration::from_secs(5), enqueue_committed(&t, &more))
+        .await
+        .unwrap_or_else(|_| panic!("{t}: the enqueue waited for the relay's claim (gap locks?)"));
+
+    let outcome = all_published(&held);
+    let report = held.complete(outcome).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(report.published, 2, "{t}: {report:?}");
+    let next = relay_pool.claim(request(ClaimMode::Transaction, 10)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let mut next_events = aggregates(&next);
+    next_events.sort();
+    assert_eq!(next_events, ["x:second", "z:first"], "{t}");
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_enqueue_never_waits_for_a_relays_open_transaction_claim() {
-    for t in all_backends("enqueue_beside_open_claim").await {
-        // SQLite has one writer at a time: there an enqueue waits for the relay's transaction (the crate
-        // docs say so, and recommend lease mode).
-        if t.backend == DbBackend::Sqlite {
-            continue;
-        }
-        enqueue_committed(&t, &[event("x", "first", 1), event("y", "first", 2)]).await;
-        let relay_pool = SeaOrmStore::new(t.reconnect().await);
-        let held = relay_pool.claim(request(ClaimMode::Transaction, 10)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(held.events().len(), 2, "{t}");
-
-        // New events of a held aggregate and of a fresh one, while the claim is open.
-        let more = [event("x", "second", 3), event("z", "first", 4)];
-        tokio::time::timeout(Duration::from_secs(5), enqueue_committed(&t, &more))
-            .await
-            .unwrap_or_else(|_| panic!("{t}: the enqueue waited for the relay's claim (gap locks?)"));
-
-        let outcome = all_published(&held);
-        let report = held.complete(outcome).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(report.published, 2, "{t}: {report:?}");
-        let next = relay_pool.claim(request(ClaimMode::Transaction, 10)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        let mut next_events = aggregates(&next);
-        next_events.sort();
-        assert_eq!(next_events, ["x:second", "z:first"], "{t}");
-    }
-}
+per_backend!(an_enqueue_never_waits_for_a_relays_open_transaction_claim, "enqueue_beside_open_claim");

@@ -9,7 +9,7 @@ use common::{
     after, count_inbox, count_table, count_unpublished, create_shop_tables, enqueue_committed, event, fast_config,
     insert_invoice,
 };
-use outbox_integration_tests::{TestDb, all_backends};
+use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::{
     ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, InMemoryPublisher, InboxOutcome, OutboxStore, Publisher,
     Relay, SeaOrmStore,
@@ -50,54 +50,53 @@ async fn bill(t: &TestDb, broker: &InMemoryPublisher) -> (u32, u32) {
     (processed, duplicates)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_between_publish_and_mark_republishes_and_the_inbox_applies_it_once() {
-    for t in all_backends("crash_before_mark_transaction").await {
-        create_shop_tables(&t).await;
-        let e = event("o1", "order.placed", 1);
-        enqueue_committed(&t, std::slice::from_ref(&e)).await;
-        let broker = InMemoryPublisher::new();
-        publish_then_crash(&t, &broker, ClaimMode::Transaction, chrono::Utc::now()).await;
-        assert_eq!(broker.received_count(), 1, "{t}");
-        assert_eq!(count_unpublished(&t).await, 1, "{t}: the claim rolled back, the row is still pending");
+async fn a_crash_between_publish_and_mark_republishes_and_the_inbox_applies_it_once(t: TestDb) {
+    create_shop_tables(&t).await;
+    let e = event("o1", "order.placed", 1);
+    enqueue_committed(&t, std::slice::from_ref(&e)).await;
+    let broker = InMemoryPublisher::new();
+    publish_then_crash(&t, &broker, ClaimMode::Transaction, chrono::Utc::now()).await;
+    assert_eq!(broker.received_count(), 1, "{t}");
+    assert_eq!(count_unpublished(&t).await, 1, "{t}: the claim rolled back, the row is still pending");
 
-        let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), fast_config()).expect("config");
-        let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(pass.published, 1, "{t}: {pass:?}");
-        let received = broker.received();
-        assert_eq!(received.len(), 2, "{t}: the broker holds two copies");
-        assert_eq!(received[0].id, e.id(), "{t}");
-        assert_eq!(received[1].id, e.id(), "{t}");
-        assert_eq!(count_unpublished(&t).await, 0, "{t}");
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), fast_config()).expect("config");
+    let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(pass.published, 1, "{t}: {pass:?}");
+    let received = broker.received();
+    assert_eq!(received.len(), 2, "{t}: the broker holds two copies");
+    assert_eq!(received[0].id, e.id(), "{t}");
+    assert_eq!(received[1].id, e.id(), "{t}");
+    assert_eq!(count_unpublished(&t).await, 0, "{t}");
 
-        assert_eq!(bill(&t, &broker).await, (1, 1), "{t}");
-        assert_eq!(count_table(&t, "invoices").await, 1, "{t}: the effect happened once");
-        assert_eq!(count_inbox(&t, "billing").await, 1, "{t}");
-    }
+    assert_eq!(bill(&t, &broker).await, (1, 1), "{t}");
+    assert_eq!(count_table(&t, "invoices").await, 1, "{t}: the effect happened once");
+    assert_eq!(count_inbox(&t, "billing").await, 1, "{t}");
 }
+per_backend!(
+    a_crash_between_publish_and_mark_republishes_and_the_inbox_applies_it_once,
+    "crash_before_mark_transaction"
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_lease_holders_event_is_republished_once_the_lease_expires() {
-    for t in all_backends("crash_before_mark_lease").await {
-        create_shop_tables(&t).await;
-        enqueue_committed(&t, &[event("o1", "order.placed", 1)]).await;
-        let broker = InMemoryPublisher::new();
-        let lease = Duration::from_secs(30);
-        let now = chrono::Utc::now();
-        publish_then_crash(&t, &broker, ClaimMode::Lease { duration: lease }, now).await;
-        assert_eq!(count_unpublished(&t).await, 1, "{t}");
+async fn a_crashed_lease_holders_event_is_republished_once_the_lease_expires(t: TestDb) {
+    create_shop_tables(&t).await;
+    enqueue_committed(&t, &[event("o1", "order.placed", 1)]).await;
+    let broker = InMemoryPublisher::new();
+    let lease = Duration::from_secs(30);
+    let now = chrono::Utc::now();
+    publish_then_crash(&t, &broker, ClaimMode::Lease { duration: lease }, now).await;
+    assert_eq!(count_unpublished(&t).await, 1, "{t}");
 
-        let config = fast_config().with_claim_mode(ClaimMode::Lease { duration: lease });
-        let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), config).expect("config");
-        let pass = relay.run_once_at(after(now, lease / 2)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(pass.claimed, 0, "{t}: the dead relay's lease still holds the row: {pass:?}");
-        let pass =
-            relay.run_once_at(after(now, lease + Duration::from_secs(1))).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(pass.published, 1, "{t}: {pass:?}");
-        assert_eq!(broker.received_count(), 2, "{t}");
-        assert_eq!(count_unpublished(&t).await, 0, "{t}");
+    let config = fast_config().with_claim_mode(ClaimMode::Lease { duration: lease });
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), config).expect("config");
+    let pass = relay.run_once_at(after(now, lease / 2)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(pass.claimed, 0, "{t}: the dead relay's lease still holds the row: {pass:?}");
+    let pass =
+        relay.run_once_at(after(now, lease + Duration::from_secs(1))).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(pass.published, 1, "{t}: {pass:?}");
+    assert_eq!(broker.received_count(), 2, "{t}");
+    assert_eq!(count_unpublished(&t).await, 0, "{t}");
 
-        assert_eq!(bill(&t, &broker).await, (1, 1), "{t}");
-        assert_eq!(count_table(&t, "invoices").await, 1, "{t}");
-    }
+    assert_eq!(bill(&t, &broker).await, (1, 1), "{t}");
+    assert_eq!(count_table(&t, "invoices").await, 1, "{t}");
 }
+per_backend!(a_crashed_lease_holders_event_is_republished_once_the_lease_expires, "crash_before_mark_lease");

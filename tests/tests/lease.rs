@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use common::{CAP, after, enqueue_committed, event, fast_config, outbox_row};
-use outbox_integration_tests::{TestDb, all_backends};
+use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::{
     BatchOutcome, ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, EventId, Failure, InMemoryPublisher,
     OutboxStore, Relay, SeaOrmBatch, SeaOrmStore,
@@ -44,111 +44,102 @@ async fn a_then_b_after_expiry(t: &TestDb, id: EventId, now: DateTime<Utc>) -> (
     (a, b)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relay_whose_lease_expired_cannot_overwrite_the_new_holders_outcome() {
-    for t in all_backends("lease_fencing_failure_after_success").await {
-        let e = event("o1", "order.placed", 1);
-        enqueue_committed(&t, std::slice::from_ref(&e)).await;
-        let now = Utc::now();
-        let (a, b) = a_then_b_after_expiry(&t, e.id(), now).await;
-        let seq = b.events()[0].seq;
+async fn a_relay_whose_lease_expired_cannot_overwrite_the_new_holders_outcome(t: TestDb) {
+    let e = event("o1", "order.placed", 1);
+    enqueue_committed(&t, std::slice::from_ref(&e)).await;
+    let now = Utc::now();
+    let (a, b) = a_then_b_after_expiry(&t, e.id(), now).await;
+    let seq = b.events()[0].seq;
 
-        let b_done = after(now, 2 * LEASE);
-        let report = b
-            .complete(BatchOutcome { now: b_done, published: vec![seq], failed: vec![], released: vec![] })
-            .await
-            .unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((report.published, report.fenced), (1, 0), "{t}: {report:?}");
+    let b_done = after(now, 2 * LEASE);
+    let report = b
+        .complete(BatchOutcome { now: b_done, published: vec![seq], failed: vec![], released: vec![] })
+        .await
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((report.published, report.fenced), (1, 0), "{t}: {report:?}");
 
-        // A wakes up from its pause and reports a failure for a row it no longer holds.
-        let failure =
-            Failure { seq, error: "ack timeout".to_owned(), next_attempt_at: after(now, 3 * LEASE), dead: false };
-        let report = a
-            .complete(BatchOutcome {
-                now: after(now, 3 * LEASE),
-                published: vec![],
-                failed: vec![failure],
-                released: vec![],
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((report.published, report.failed, report.fenced), (0, 0, 1), "{t}: {report:?}");
+    // A wakes up from its pause and reports a failure for a row it no longer holds.
+    let failure = Failure { seq, error: "ack timeout".to_owned(), next_attempt_at: after(now, 3 * LEASE), dead: false };
+    let report = a
+        .complete(BatchOutcome {
+            now: after(now, 3 * LEASE),
+            published: vec![],
+            failed: vec![failure],
+            released: vec![],
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((report.published, report.failed, report.fenced), (0, 0, 1), "{t}: {report:?}");
 
-        let row = outbox_row(&t, e.id()).await;
-        assert_eq!(row.published_at_ms, Some(b_done.timestamp_millis()), "{t}: B's outcome stands");
-        assert_eq!((row.attempts, row.last_error, row.dead_at_ms), (0, None, None), "{t}");
-        assert_eq!((row.lease_token, row.lease_until_ms), (None, None), "{t}: the lease is released");
-    }
+    let row = outbox_row(&t, e.id()).await;
+    assert_eq!(row.published_at_ms, Some(b_done.timestamp_millis()), "{t}: B's outcome stands");
+    assert_eq!((row.attempts, row.last_error, row.dead_at_ms), (0, None, None), "{t}");
+    assert_eq!((row.lease_token, row.lease_until_ms), (None, None), "{t}: the lease is released");
 }
+per_backend!(
+    a_relay_whose_lease_expired_cannot_overwrite_the_new_holders_outcome,
+    "lease_fencing_failure_after_success"
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_holders_success_is_fenced_and_the_new_holder_decides() {
-    for t in all_backends("lease_fencing_success_before_failure").await {
-        let e = event("o1", "order.placed", 1);
-        enqueue_committed(&t, std::slice::from_ref(&e)).await;
-        let now = Utc::now();
-        let (a, b) = a_then_b_after_expiry(&t, e.id(), now).await;
-        let seq = a.events()[0].seq;
+async fn a_stale_holders_success_is_fenced_and_the_new_holder_decides(t: TestDb) {
+    let e = event("o1", "order.placed", 1);
+    enqueue_committed(&t, std::slice::from_ref(&e)).await;
+    let now = Utc::now();
+    let (a, b) = a_then_b_after_expiry(&t, e.id(), now).await;
+    let seq = a.events()[0].seq;
 
-        // A reports success first, but its lease is gone: nothing is written.
-        let report = a
-            .complete(BatchOutcome {
-                now: after(now, 2 * LEASE),
-                published: vec![seq],
-                failed: vec![],
-                released: vec![],
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((report.published, report.fenced), (0, 1), "{t}: {report:?}");
-        let row = outbox_row(&t, e.id()).await;
-        assert_eq!(row.published_at_ms, None, "{t}: a fenced success must not mark the row");
-        assert!(row.lease_token.is_some(), "{t}: B still holds the row");
+    // A reports success first, but its lease is gone: nothing is written.
+    let report = a
+        .complete(BatchOutcome { now: after(now, 2 * LEASE), published: vec![seq], failed: vec![], released: vec![] })
+        .await
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((report.published, report.fenced), (0, 1), "{t}: {report:?}");
+    let row = outbox_row(&t, e.id()).await;
+    assert_eq!(row.published_at_ms, None, "{t}: a fenced success must not mark the row");
+    assert!(row.lease_token.is_some(), "{t}: B still holds the row");
 
-        // B fails: its outcome is the one recorded.
-        let failure =
-            Failure { seq, error: "broker unavailable".to_owned(), next_attempt_at: after(now, CAP), dead: false };
-        let report = b
-            .complete(BatchOutcome {
-                now: after(now, 2 * LEASE),
-                published: vec![],
-                failed: vec![failure],
-                released: vec![],
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((report.failed, report.fenced), (1, 0), "{t}: {report:?}");
-        let row = outbox_row(&t, e.id()).await;
-        assert_eq!((row.attempts, row.last_error.as_deref()), (1, Some("broker unavailable")), "{t}");
-        assert_eq!(row.published_at_ms, None, "{t}");
-        assert_eq!(row.lease_token, None, "{t}");
-    }
+    // B fails: its outcome is the one recorded.
+    let failure =
+        Failure { seq, error: "broker unavailable".to_owned(), next_attempt_at: after(now, CAP), dead: false };
+    let report = b
+        .complete(BatchOutcome {
+            now: after(now, 2 * LEASE),
+            published: vec![],
+            failed: vec![failure],
+            released: vec![],
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((report.failed, report.fenced), (1, 0), "{t}: {report:?}");
+    let row = outbox_row(&t, e.id()).await;
+    assert_eq!((row.attempts, row.last_error.as_deref()), (1, Some("broker unavailable")), "{t}");
+    assert_eq!(row.published_at_ms, None, "{t}");
+    assert_eq!(row.lease_token, None, "{t}");
 }
+per_backend!(a_stale_holders_success_is_fenced_and_the_new_holder_decides, "lease_fencing_success_before_failure");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_mode_relay_publishes_retries_and_releases_its_leases() {
-    for t in all_backends("lease_mode_relay").await {
-        let (e1, e2) = (event("o1", "order.placed", 1), event("o2", "order.placed", 2));
-        enqueue_committed(&t, &[e1.clone(), e2.clone()]).await;
-        let broker = InMemoryPublisher::new();
-        broker.fail_aggregate("o2", 1);
-        let config = fast_config().with_claim_mode(ClaimMode::Lease { duration: Duration::from_secs(30) });
-        let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), config).expect("config");
+async fn a_lease_mode_relay_publishes_retries_and_releases_its_leases(t: TestDb) {
+    let (e1, e2) = (event("o1", "order.placed", 1), event("o2", "order.placed", 2));
+    enqueue_committed(&t, &[e1.clone(), e2.clone()]).await;
+    let broker = InMemoryPublisher::new();
+    broker.fail_aggregate("o2", 1);
+    let config = fast_config().with_claim_mode(ClaimMode::Lease { duration: Duration::from_secs(30) });
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), config).expect("config");
 
-        let now = Utc::now();
-        let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((pass.claimed, pass.published, pass.failed, pass.fenced), (2, 1, 1, 0), "{t}: {pass:?}");
-        for id in [e1.id(), e2.id()] {
-            let row = outbox_row(&t, id).await;
-            assert_eq!((row.lease_token, row.lease_until_ms), (None, None), "{t}: lease released after marking");
-        }
-        let failed = outbox_row(&t, e2.id()).await;
-        assert_eq!(failed.attempts, 1, "{t}");
-        assert!(failed.next_attempt_at_ms > now.timestamp_millis(), "{t}: backoff applies in lease mode too");
-        assert_eq!(relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}")).claimed, 0, "{t}");
-
-        let pass = relay.run_once_at(after(now, CAP)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(pass.published, 1, "{t}: {pass:?}");
-        assert_eq!(broker.received_count(), 2, "{t}");
+    let now = Utc::now();
+    let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((pass.claimed, pass.published, pass.failed, pass.fenced), (2, 1, 1, 0), "{t}: {pass:?}");
+    for id in [e1.id(), e2.id()] {
+        let row = outbox_row(&t, id).await;
+        assert_eq!((row.lease_token, row.lease_until_ms), (None, None), "{t}: lease released after marking");
     }
+    let failed = outbox_row(&t, e2.id()).await;
+    assert_eq!(failed.attempts, 1, "{t}");
+    assert!(failed.next_attempt_at_ms > now.timestamp_millis(), "{t}: backoff applies in lease mode too");
+    assert_eq!(relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}")).claimed, 0, "{t}");
+
+    let pass = relay.run_once_at(after(now, CAP)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(pass.published, 1, "{t}: {pass:?}");
+    assert_eq!(broker.received_count(), 2, "{t}");
 }
+per_backend!(a_lease_mode_relay_publishes_retries_and_releases_its_leases, "lease_mode_relay");

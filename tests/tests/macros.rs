@@ -5,7 +5,7 @@
 mod common;
 
 use common::{count_inbox, count_outbox, count_table, create_shop_tables, insert_invoice, invoice_total, outbox_rows};
-use outbox_integration_tests::{TestDb, all_backends};
+use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::prelude::*;
 use outbox_seaorm::{Error, InMemoryPublisher, InboxError, OutboxEvent};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait};
@@ -118,129 +118,115 @@ async fn published(t: &TestDb) -> Vec<OutboxEvent> {
     broker.received()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_service_call_emits_nothing_and_saves_nothing() {
-    for t in all_backends("mac_rollback").await {
-        create_shop_tables(&t).await;
-        let rejected = Orders.place(&t.db, "o1", 0).await;
-        assert!(matches!(rejected, Err(ShopError::Rejected(_))), "{t}: {rejected:?}");
-        assert_eq!(count_outbox(&t).await, 0, "{t}: the emitted event was rolled back");
-        assert_eq!(count_table(&t, "orders").await, 0, "{t}: the order was rolled back");
+async fn a_failed_service_call_emits_nothing_and_saves_nothing(t: TestDb) {
+    create_shop_tables(&t).await;
+    let rejected = Orders.place(&t.db, "o1", 0).await;
+    assert!(matches!(rejected, Err(ShopError::Rejected(_))), "{t}: {rejected:?}");
+    assert_eq!(count_outbox(&t).await, 0, "{t}: the emitted event was rolled back");
+    assert_eq!(count_table(&t, "orders").await, 0, "{t}: the order was rolled back");
 
-        Orders.place(&t.db, "o2", 100).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(types_of(&outbox_rows(&t).await), [("order.placed".into(), "o2".into())], "{t}");
-        assert_eq!(count_table(&t, "orders").await, 1, "{t}");
-    }
+    Orders.place(&t.db, "o2", 100).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(types_of(&outbox_rows(&t).await), [("order.placed".into(), "o2".into())], "{t}");
+    assert_eq!(count_table(&t, "orders").await, 1, "{t}");
 }
+per_backend!(a_failed_service_call_emits_nothing_and_saves_nothing, "mac_rollback");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn composed_services_emit_in_order_in_one_transaction() {
-    for t in all_backends("mac_compose").await {
-        create_shop_tables(&t).await;
-        checkout(&t.db, "o1", false).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        let rows = outbox_rows(&t).await;
-        assert_eq!(types_of(&rows), [("order.placed".into(), "o1".into()), ("order.paid".into(), "o1".into())], "{t}");
-        let paid: serde_json::Value = rows[1].payload.clone();
-        assert_eq!(paid, serde_json::json!({"orderId": "o1", "amountMinor": 500}), "{t}: serde renames apply");
-        assert_eq!((rows[0].schema_version, rows[1].schema_version), (2, 1), "{t}");
+async fn composed_services_emit_in_order_in_one_transaction(t: TestDb) {
+    create_shop_tables(&t).await;
+    checkout(&t.db, "o1", false).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let rows = outbox_rows(&t).await;
+    assert_eq!(types_of(&rows), [("order.placed".into(), "o1".into()), ("order.paid".into(), "o1".into())], "{t}");
+    let paid: serde_json::Value = rows[1].payload.clone();
+    assert_eq!(paid, serde_json::json!({"orderId": "o1", "amountMinor": 500}), "{t}: serde renames apply");
+    assert_eq!((rows[0].schema_version, rows[1].schema_version), (2, 1), "{t}");
 
-        let failed = checkout(&t.db, "o2", true).await;
-        assert!(failed.is_err(), "{t}");
-        assert_eq!(count_outbox(&t).await, 2, "{t}: the failed checkout took both inner events back");
-        assert_eq!(count_table(&t, "orders").await, 1, "{t}");
-    }
+    let failed = checkout(&t.db, "o2", true).await;
+    assert!(failed.is_err(), "{t}");
+    assert_eq!(count_outbox(&t).await, 2, "{t}: the failed checkout took both inner events back");
+    assert_eq!(count_table(&t, "orders").await, 1, "{t}");
 }
+per_backend!(composed_services_emit_in_order_in_one_transaction, "mac_compose");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_inner_service_rolls_back_only_its_savepoint() {
-    for t in all_backends("mac_savepoint").await {
-        create_shop_tables(&t).await;
-        retry_with_good_order(&t.db).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(types_of(&outbox_rows(&t).await), [("order.placed".into(), "good".into())], "{t}");
-        assert_eq!(count_table(&t, "orders").await, 1, "{t}");
-    }
+async fn a_failed_inner_service_rolls_back_only_its_savepoint(t: TestDb) {
+    create_shop_tables(&t).await;
+    retry_with_good_order(&t.db).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(types_of(&outbox_rows(&t).await), [("order.placed".into(), "good".into())], "{t}");
+    assert_eq!(count_table(&t, "orders").await, 1, "{t}");
 }
+per_backend!(a_failed_inner_service_rolls_back_only_its_savepoint, "mac_savepoint");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_service_leaves_no_half_written_outbox() {
-    for t in all_backends("mac_panic").await {
-        create_shop_tables(&t).await;
-        let db = t.db.clone();
-        let joined = tokio::spawn(async move { Orders.place_then_panic(&db, "o1").await }).await;
-        assert!(joined.is_err_and(|e| e.is_panic()), "{t}");
-        assert_eq!(count_outbox(&t).await, 0, "{t}");
-        // The pool is still usable afterwards.
-        Orders.place(&t.db, "o2", 1).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(count_outbox(&t).await, 1, "{t}");
-    }
+async fn a_panicking_service_leaves_no_half_written_outbox(t: TestDb) {
+    create_shop_tables(&t).await;
+    let db = t.db.clone();
+    let joined = tokio::spawn(async move { Orders.place_then_panic(&db, "o1").await }).await;
+    assert!(joined.is_err_and(|e| e.is_panic()), "{t}");
+    assert_eq!(count_outbox(&t).await, 0, "{t}");
+    // The pool is still usable afterwards.
+    Orders.place(&t.db, "o2", 1).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(count_outbox(&t).await, 1, "{t}");
 }
+per_backend!(a_panicking_service_leaves_no_half_written_outbox, "mac_panic");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handler_run_twice_applies_its_effect_once() {
-    for t in all_backends("mac_handler_once").await {
-        create_shop_tables(&t).await;
-        Orders.place(&t.db, "o1", 4900).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        let messages = published(&t).await;
-        assert_eq!(messages.len(), 1, "{t}");
-        let first = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(first, InboxOutcome::Processed(4900), "{t}");
-        let again = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(again, InboxOutcome::Duplicate, "{t}");
-        assert_eq!(count_table(&t, "invoices").await, 1, "{t}");
-        assert_eq!(count_inbox(&t, "billing").await, 1, "{t}");
-    }
+async fn a_handler_run_twice_applies_its_effect_once(t: TestDb) {
+    create_shop_tables(&t).await;
+    Orders.place(&t.db, "o1", 4900).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let messages = published(&t).await;
+    assert_eq!(messages.len(), 1, "{t}");
+    let first = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(first, InboxOutcome::Processed(4900), "{t}");
+    let again = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(again, InboxOutcome::Duplicate, "{t}");
+    assert_eq!(count_table(&t, "invoices").await, 1, "{t}");
+    assert_eq!(count_inbox(&t, "billing").await, 1, "{t}");
 }
+per_backend!(a_handler_run_twice_applies_its_effect_once, "mac_handler_once");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_old_version_payload_is_upcast_by_the_handler() {
-    for t in all_backends("mac_upcast").await {
-        create_shop_tables(&t).await;
-        let v1 = NewEvent::new("order", "o9", "order.placed", &serde_json::json!({"order_id": "o9", "total": 7}))
-            .unwrap()
-            .with_schema_version(1);
-        outbox_seaorm::enqueue(&t.db, &v1).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        let messages = published(&t).await;
-        let outcome = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(outcome, InboxOutcome::Processed(700), "{t}: v1 total 7 became 700 minor units");
-        assert_eq!(invoice_total(&t).await, 700, "{t}");
-    }
+async fn an_old_version_payload_is_upcast_by_the_handler(t: TestDb) {
+    create_shop_tables(&t).await;
+    let v1 = NewEvent::new("order", "o9", "order.placed", &serde_json::json!({"order_id": "o9", "total": 7}))
+        .unwrap()
+        .with_schema_version(1);
+    outbox_seaorm::enqueue(&t.db, &v1).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let messages = published(&t).await;
+    let outcome = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(outcome, InboxOutcome::Processed(700), "{t}: v1 total 7 became 700 minor units");
+    assert_eq!(invoice_total(&t).await, 700, "{t}");
 }
+per_backend!(an_old_version_payload_is_upcast_by_the_handler, "mac_upcast");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_types_and_newer_versions_are_errors_that_record_nothing() {
-    for t in all_backends("mac_unknown").await {
-        create_shop_tables(&t).await;
-        let payload = serde_json::json!({"order_id": "o1", "customer": "c", "total_minor": 1});
-        let cancelled = NewEvent::new("order", "o1", "order.cancelled", &payload).unwrap();
-        let from_the_future = NewEvent::new("order", "o1", "order.placed", &payload).unwrap().with_schema_version(3);
-        let malformed = NewEvent::new("order", "o1", "order.placed", &serde_json::json!({"order_id": 5})).unwrap();
-        outbox_seaorm::enqueue_all(&t.db, &[cancelled, from_the_future, malformed]).await.unwrap();
-        let broker = InMemoryPublisher::new();
-        let relay =
-            Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), RelayConfig::default()).expect("valid config");
-        for _ in 0..3 {
-            relay.run_once().await.unwrap();
+async fn unknown_types_and_newer_versions_are_errors_that_record_nothing(t: TestDb) {
+    create_shop_tables(&t).await;
+    let payload = serde_json::json!({"order_id": "o1", "customer": "c", "total_minor": 1});
+    let cancelled = NewEvent::new("order", "o1", "order.cancelled", &payload).unwrap();
+    let from_the_future = NewEvent::new("order", "o1", "order.placed", &payload).unwrap().with_schema_version(3);
+    let malformed = NewEvent::new("order", "o1", "order.placed", &serde_json::json!({"order_id": 5})).unwrap();
+    outbox_seaorm::enqueue_all(&t.db, &[cancelled, from_the_future, malformed]).await.unwrap();
+    let broker = InMemoryPublisher::new();
+    let relay =
+        Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), RelayConfig::default()).expect("valid config");
+    for _ in 0..3 {
+        relay.run_once().await.unwrap();
+    }
+    let messages = broker.received();
+    assert_eq!(messages.len(), 3, "{t}");
+    let errors: Vec<_> = {
+        let mut errors = Vec::new();
+        for m in &messages {
+            errors.push(bill(&t.db, m).await.expect_err("must not be processed"));
         }
-        let messages = broker.received();
-        assert_eq!(messages.len(), 3, "{t}");
-        let errors: Vec<_> = {
-            let mut errors = Vec::new();
-            for m in &messages {
-                errors.push(bill(&t.db, m).await.expect_err("must not be processed"));
-            }
-            errors
-        };
-        assert!(matches!(errors[0], InboxError::Outbox(Error::UnknownEventType { .. })), "{t}: {}", errors[0]);
-        assert!(
-            matches!(errors[1], InboxError::Outbox(Error::UnsupportedVersion { version: 3, .. })),
-            "{t}: {}",
-            errors[1]
-        );
-        assert!(matches!(errors[2], InboxError::Outbox(Error::Deserialize { .. })), "{t}: {}", errors[2]);
-        assert_eq!(count_inbox(&t, "billing").await, 0, "{t}: nothing recorded");
-        assert_eq!(count_table(&t, "invoices").await, 0, "{t}");
-    }
+        errors
+    };
+    assert!(matches!(errors[0], InboxError::Outbox(Error::UnknownEventType { .. })), "{t}: {}", errors[0]);
+    assert!(
+        matches!(errors[1], InboxError::Outbox(Error::UnsupportedVersion { version: 3, .. })),
+        "{t}: {}",
+        errors[1]
+    );
+    assert!(matches!(errors[2], InboxError::Outbox(Error::Deserialize { .. })), "{t}: {}", errors[2]);
+    assert_eq!(count_inbox(&t, "billing").await, 0, "{t}: nothing recorded");
+    assert_eq!(count_table(&t, "invoices").await, 0, "{t}");
 }
+per_backend!(unknown_types_and_newer_versions_are_errors_that_record_nothing, "mac_unknown");
 
 /// The event schemas of this crate are locked in `tests/events.lock` (bless new ones with
 /// `OUTBOX_BLESS=1 cargo test`); the derive checks the same file at compile time.
@@ -250,19 +236,17 @@ fn events_lock_matches_the_event_types() {
     outbox_seaorm::verify_events_lock(lock, &[OrderPlaced::SCHEMA, OrderPaid::SCHEMA]).unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_service_call_leaves_no_half_written_outbox() {
-    for t in all_backends("mac_cancel").await {
-        create_shop_tables(&t).await;
-        let slow = slow_place(&t.db, "o1");
-        let cancelled = tokio::time::timeout(std::time::Duration::from_millis(200), slow).await;
-        assert!(cancelled.is_err(), "{t}: the call was cancelled mid-way");
-        assert_eq!(count_outbox(&t).await, 0, "{t}");
-        assert_eq!(count_table(&t, "orders").await, 0, "{t}");
-        Orders.place(&t.db, "o2", 1).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(count_outbox(&t).await, 1, "{t}: the pool is still usable");
-    }
+async fn a_cancelled_service_call_leaves_no_half_written_outbox(t: TestDb) {
+    create_shop_tables(&t).await;
+    let slow = slow_place(&t.db, "o1");
+    let cancelled = tokio::time::timeout(std::time::Duration::from_millis(200), slow).await;
+    assert!(cancelled.is_err(), "{t}: the call was cancelled mid-way");
+    assert_eq!(count_outbox(&t).await, 0, "{t}");
+    assert_eq!(count_table(&t, "orders").await, 0, "{t}");
+    Orders.place(&t.db, "o2", 1).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(count_outbox(&t).await, 1, "{t}: the pool is still usable");
 }
+per_backend!(a_cancelled_service_call_leaves_no_half_written_outbox, "mac_cancel");
 
 /// Saves an order, emits its event, then waits far longer than any caller will.
 #[transactional_outbox]

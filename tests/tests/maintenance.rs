@@ -5,77 +5,71 @@ mod common;
 use std::time::Duration;
 
 use common::{CAP, after, count_outbox, count_published, count_unpublished, enqueue_committed, event, fast_config};
-use outbox_integration_tests::all_backends;
+use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::{Error, InMemoryPublisher, NewEvent, OutboxStats, OutboxStore, Relay, SeaOrmStore};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stats_report_pending_dead_the_oldest_age_and_the_most_attempts() {
-    for t in all_backends("stats_backlog_figures").await {
-        let store = SeaOrmStore::new(t.db.clone());
-        let empty = store.stats(chrono::Utc::now()).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(empty, OutboxStats::default(), "{t}: an empty outbox");
+async fn stats_report_pending_dead_the_oldest_age_and_the_most_attempts(t: TestDb) {
+    let store = SeaOrmStore::new(t.db.clone());
+    let empty = store.stats(chrono::Utc::now()).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(empty, OutboxStats::default(), "{t}: an empty outbox");
 
-        enqueue_committed(&t, &[event("a", "t", 1), event("b", "t", 2), event("c", "t", 3)]).await;
-        let now = chrono::Utc::now();
-        let stats = store.stats(after(now, Duration::from_secs(5))).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((stats.pending, stats.dead, stats.max_attempts), (3, 0, 0), "{t}: {stats:?}");
-        assert!((5..=6).contains(&stats.oldest_pending_seconds), "{t}: {stats:?}");
+    enqueue_committed(&t, &[event("a", "t", 1), event("b", "t", 2), event("c", "t", 3)]).await;
+    let now = chrono::Utc::now();
+    let stats = store.stats(after(now, Duration::from_secs(5))).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((stats.pending, stats.dead, stats.max_attempts), (3, 0, 0), "{t}: {stats:?}");
+    assert!((5..=6).contains(&stats.oldest_pending_seconds), "{t}: {stats:?}");
 
-        let broker = InMemoryPublisher::new();
-        broker.fail_aggregate("a", 100);
-        broker.fail_aggregate("b", 1);
-        let relay = Relay::new(store, broker, fast_config().with_max_attempts(2)).expect("config");
-        let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((pass.published, pass.failed), (1, 2), "{t}: {pass:?}");
-        let stats = relay.store().stats(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((stats.pending, stats.dead, stats.max_attempts), (2, 0, 1), "{t}: {stats:?}");
+    let broker = InMemoryPublisher::new();
+    broker.fail_aggregate("a", 100);
+    broker.fail_aggregate("b", 1);
+    let relay = Relay::new(store, broker, fast_config().with_max_attempts(2)).expect("config");
+    let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((pass.published, pass.failed), (1, 2), "{t}: {pass:?}");
+    let stats = relay.store().stats(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((stats.pending, stats.dead, stats.max_attempts), (2, 0, 1), "{t}: {stats:?}");
 
-        let later = after(now, CAP);
-        let pass = relay.run_once_at(later).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((pass.published, pass.dead), (1, 1), "{t}: {pass:?}");
-        let stats = relay.store().stats(later).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!((stats.pending, stats.dead, stats.max_attempts), (0, 1, 2), "{t}: {stats:?}");
-        assert_eq!(stats.oldest_pending_seconds, 0, "{t}: nothing pending: {stats:?}");
+    let later = after(now, CAP);
+    let pass = relay.run_once_at(later).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((pass.published, pass.dead), (1, 1), "{t}: {pass:?}");
+    let stats = relay.store().stats(later).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((stats.pending, stats.dead, stats.max_attempts), (0, 1, 2), "{t}: {stats:?}");
+    assert_eq!(stats.oldest_pending_seconds, 0, "{t}: nothing pending: {stats:?}");
+}
+per_backend!(stats_report_pending_dead_the_oldest_age_and_the_most_attempts, "stats_backlog_figures");
+
+async fn cleanup_deletes_only_published_rows_past_the_retention_in_batches(t: TestDb) {
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), InMemoryPublisher::new(), fast_config()).expect("config");
+    let batch =
+        |prefix: &str, n: u64| -> Vec<NewEvent> { (0..n).map(|i| event(&format!("{prefix}{i}"), "t", i)).collect() };
+    // 25 rows published at t0, 5 published 90 minutes later, 3 never published.
+    enqueue_committed(&t, &batch("old", 25)).await;
+    let t0 = chrono::Utc::now();
+    assert_eq!(relay.run_once_at(t0).await.unwrap_or_else(|e| panic!("{t}: {e}")).published, 25, "{t}");
+    enqueue_committed(&t, &batch("recent", 5)).await;
+    let t1 = after(t0, Duration::from_secs(90 * 60));
+    assert_eq!(relay.run_once_at(t1).await.unwrap_or_else(|e| panic!("{t}: {e}")).published, 5, "{t}");
+    enqueue_committed(&t, &batch("pending", 3)).await;
+    assert_eq!(count_outbox(&t).await, 33, "{t}");
+
+    let hour = Duration::from_secs(3600);
+    let store = relay.store();
+    let deleted = store.cleanup(after(t0, hour / 2), hour, 10).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(deleted, 0, "{t}: nothing is older than the retention yet");
+
+    let deleted = store.cleanup(after(t0, 2 * hour), hour, 10).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(deleted, 25, "{t}: three batches of at most 10");
+    assert_eq!(count_published(&t).await, 5, "{t}: rows published within the retention stay");
+    assert_eq!(count_unpublished(&t).await, 3, "{t}: pending rows are never cleaned up");
+
+    let deleted = store.cleanup(after(t1, 2 * hour), hour, 10).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(deleted, 5, "{t}");
+    let far = after(t1, 1000 * hour);
+    assert_eq!(store.cleanup(far, hour, 10).await.unwrap_or_else(|e| panic!("{t}: {e}")), 0, "{t}");
+    assert_eq!((count_outbox(&t).await, count_unpublished(&t).await), (3, 3), "{t}");
+
+    match store.cleanup(far, hour, 0).await {
+        Err(Error::InvalidConfig { .. }) => {}
+        other => panic!("{t}: a zero cleanup batch must be rejected, got {other:?}"),
     }
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cleanup_deletes_only_published_rows_past_the_retention_in_batches() {
-    for t in all_backends("cleanup_old_published_rows").await {
-        let relay =
-            Relay::new(SeaOrmStore::new(t.db.clone()), InMemoryPublisher::new(), fast_config()).expect("config");
-        let batch = |prefix: &str, n: u64| -> Vec<NewEvent> {
-            (0..n).map(|i| event(&format!("{prefix}{i}"), "t", i)).collect()
-        };
-        // 25 rows published at t0, 5 published 90 minutes later, 3 never published.
-        enqueue_committed(&t, &batch("old", 25)).await;
-        let t0 = chrono::Utc::now();
-        assert_eq!(relay.run_once_at(t0).await.unwrap_or_else(|e| panic!("{t}: {e}")).published, 25, "{t}");
-        enqueue_committed(&t, &batch("recent", 5)).await;
-        let t1 = after(t0, Duration::from_secs(90 * 60));
-        assert_eq!(relay.run_once_at(t1).await.unwrap_or_else(|e| panic!("{t}: {e}")).published, 5, "{t}");
-        enqueue_committed(&t, &batch("pending", 3)).await;
-        assert_eq!(count_outbox(&t).await, 33, "{t}");
-
-        let hour = Duration::from_secs(3600);
-        let store = relay.store();
-        let deleted = store.cleanup(after(t0, hour / 2), hour, 10).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(deleted, 0, "{t}: nothing is older than the retention yet");
-
-        let deleted = store.cleanup(after(t0, 2 * hour), hour, 10).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(deleted, 25, "{t}: three batches of at most 10");
-        assert_eq!(count_published(&t).await, 5, "{t}: rows published within the retention stay");
-        assert_eq!(count_unpublished(&t).await, 3, "{t}: pending rows are never cleaned up");
-
-        let deleted = store.cleanup(after(t1, 2 * hour), hour, 10).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        assert_eq!(deleted, 5, "{t}");
-        let far = after(t1, 1000 * hour);
-        assert_eq!(store.cleanup(far, hour, 10).await.unwrap_or_else(|e| panic!("{t}: {e}")), 0, "{t}");
-        assert_eq!((count_outbox(&t).await, count_unpublished(&t).await), (3, 3), "{t}");
-
-        match store.cleanup(far, hour, 0).await {
-            Err(Error::InvalidConfig { .. }) => {}
-            other => panic!("{t}: a zero cleanup batch must be rejected, got {other:?}"),
-        }
-    }
-}
+per_backend!(cleanup_deletes_only_published_rows_past_the_retention_in_batches, "cleanup_old_published_rows");

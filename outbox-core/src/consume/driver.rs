@@ -27,12 +27,7 @@ pub(super) async fn run<T: Transport>(consumer: &Consumer, transport: &T, shutdo
         messaging.consumer.group.name = %consumer.name,
         messaging.source.name = %transport.source(),
     );
-    let driver = Driver {
-        consumer,
-        transport,
-        permits: Semaphore::new(consumer.config.concurrency),
-        shutdown,
-    };
+    let driver = Driver { consumer, transport, permits: Semaphore::new(consumer.config.concurrency), shutdown };
     driver.run().instrument(span).await
 }
 
@@ -228,12 +223,8 @@ impl<'a, T: Transport> Driver<'a, T> {
     /// Publishes the dead letter until the broker confirms it, then acks the original; on shutdown before
     /// a confirmation, releases it instead.
     async fn dead_letter(&self, delivery: &Delivery<T::Receipt>, reason: String, attempts: u32) {
-        let letter = DeadLetter {
-            reason,
-            attempts,
-            consumer: self.consumer.name.clone(),
-            origin: delivery.origin.clone(),
-        };
+        let letter =
+            DeadLetter { reason, attempts, consumer: self.consumer.name.clone(), origin: delivery.origin.clone() };
         let mut failures = 0i32;
         loop {
             match self.transport.dead_letter(delivery, &letter).await {

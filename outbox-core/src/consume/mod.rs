@@ -211,7 +211,11 @@ impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut types: Vec<_> = self.routes.keys().collect();
         types.sort();
-        f.debug_struct("Consumer").field("name", &self.name).field("config", &self.config).field("handles", &types).finish()
+        f.debug_struct("Consumer")
+            .field("name", &self.name)
+            .field("config", &self.config)
+            .field("handles", &types)
+            .finish()
     }
 }
 

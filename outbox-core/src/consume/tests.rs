@@ -121,7 +121,11 @@ impl Transport for Memory {
 
 fn fast() -> ConsumerConfig {
     ConsumerConfig::default()
-        .with_backoff(crate::Backoff { initial: Duration::from_millis(1), max: Duration::from_millis(5), multiplier: 2 })
+        .with_backoff(crate::Backoff {
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(5),
+            multiplier: 2,
+        })
         .with_fetch_wait(Duration::from_millis(20))
         .with_max_deliveries(3)
 }
@@ -152,10 +156,10 @@ async fn every_outcome_acks_only_after_apply_skip_or_confirmed_dead_letter() {
     });
     let transport = Memory::with(vec![
         message("tick", 2, "a", 0),
-        message("tick", 2, "a", 7), // fails 3 times: dead letter
-        message("tick", 2, "a", 1), // waits behind it, then applied
-        message("other", 1, "b", 0), // skipped
-        message("tick", 3, "c", 0), // newer: held, released at shutdown
+        message("tick", 2, "a", 7),          // fails 3 times: dead letter
+        message("tick", 2, "a", 1),          // waits behind it, then applied
+        message("other", 1, "b", 0),         // skipped
+        message("tick", 3, "c", 0),          // newer: held, released at shutdown
         (BTreeMap::new(), b"junk".to_vec()), // poison
     ]);
     *transport.dead_letter_failures.lock().unwrap() = 2; // the first two dead-letter publishes fail
@@ -182,10 +186,11 @@ async fn every_outcome_acks_only_after_apply_skip_or_confirmed_dead_letter() {
 
 #[tokio::test]
 async fn a_panicking_handler_is_retried_then_dead_lettered_and_the_consumer_goes_on() {
-    let consumer = Consumer::new("c").unwrap().with_config(fast()).unwrap().on::<Tick>(|r: Received<Tick>| async move {
-        assert!(r.event.n != 1, "bug");
-        Ok::<_, std::io::Error>(())
-    });
+    let consumer =
+        Consumer::new("c").unwrap().with_config(fast()).unwrap().on::<Tick>(|r: Received<Tick>| async move {
+            assert!(r.event.n != 1, "bug");
+            Ok::<_, std::io::Error>(())
+        });
     let transport = Memory::with(vec![message("tick", 2, "a", 1), message("tick", 2, "b", 2)]);
     run_for(&consumer, &transport, Duration::from_millis(200)).await;
     let stats = consumer.stats();
@@ -200,4 +205,48 @@ fn bad_settings_are_typed_errors_at_construction() {
     let err = Consumer::new("c").unwrap().with_config(ConsumerConfig::default().with_max_deliveries(0)).unwrap_err();
     assert!(err.to_string().contains("max_deliveries"), "{err}");
     assert!(Consumer::new("c").unwrap().with_config(ConsumerConfig::default().with_batch_size(0)).is_err());
+}
+
+#[tokio::test]
+async fn malformed_messages_are_dead_lettered_with_a_reason_never_a_panic() {
+    let consumer = Consumer::new("c")
+        .unwrap()
+        .with_config(fast().with_max_deliveries(10))
+        .unwrap()
+        .on::<Tick>(|_: Received<Tick>| async { Ok::<_, std::io::Error>(()) });
+    let with = |name: &str, value: &str| {
+        let (mut headers, payload) = message("tick", 2, "a", 1);
+        headers.insert(name.to_owned(), value.to_owned());
+        (headers, payload)
+    };
+    let mut oversized = message("tick", 2, "big", 1);
+    oversized.1 = vec![b' '; crate::envelope::DEFAULT_MAX_PAYLOAD_BYTES + 1];
+    let mut undecodable = message("tick", 2, "u", 1);
+    undecodable.1 = br#"{"item":"u"}"#.to_vec();
+    let transport = Memory::with(vec![
+        (BTreeMap::new(), b"{}".to_vec()),
+        with("ce_time", "not a time"),
+        with("ce_id", "not-a-uuid"),
+        with("traceparent", "line\nbreak"),
+        oversized,
+        undecodable,
+        message("tick", 1, "old", 1), // older than any upcaster
+        message("tick", 2, "fine", 1),
+    ]);
+    run_for(&consumer, &transport, Duration::from_millis(200)).await;
+    let stats = consumer.stats();
+    assert_eq!((stats.dead_lettered, stats.processed, stats.retried), (7, 1, 0), "{stats:?}");
+    let reasons: Vec<String> = transport.dead.lock().unwrap().iter().map(|(_, l)| l.reason.clone()).collect();
+    for expected in [
+        "`ce_id`",
+        "`ce_time`",
+        "is not a UUID",
+        "control characters",
+        "max_payload_bytes",
+        "missing field `n`",
+        "versions 2 to 2",
+    ] {
+        assert!(reasons.iter().any(|r| r.contains(expected)), "no reason mentions {expected:?}: {reasons:#?}");
+    }
+    assert!(reasons.iter().all(|r| !r.contains('\n')), "control characters escaped: {reasons:#?}");
 }

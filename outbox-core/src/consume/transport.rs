@@ -67,7 +67,10 @@ impl DeadLetter {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         headers.extend([
-            (dead_header::REASON.to_owned(), crate::text::truncate(&crate::text::one_line(&self.reason), MAX_DEAD_REASON_LEN)),
+            (
+                dead_header::REASON.to_owned(),
+                crate::text::truncate(&crate::text::one_line(&self.reason), MAX_DEAD_REASON_LEN),
+            ),
             (dead_header::ATTEMPTS.to_owned(), self.attempts.to_string()),
             (dead_header::CONSUMER.to_owned(), self.consumer.clone()),
             (dead_header::ORIGIN.to_owned(), self.origin.clone()),
@@ -90,8 +93,11 @@ pub struct Replayable {
 /// carries no origin (it was not written by a dead-lettering consumer).
 pub fn replayable(headers: &BTreeMap<String, String>) -> Option<Replayable> {
     let origin = headers.get(dead_header::ORIGIN)?.clone();
-    let headers =
-        headers.iter().filter(|(k, _)| !k.starts_with(dead_header::PREFIX)).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let headers = headers
+        .iter()
+        .filter(|(k, _)| !k.starts_with(dead_header::PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     Some(Replayable { origin, headers })
 }
 
