@@ -31,6 +31,9 @@ pub(super) async fn run<T: Transport>(consumer: &Consumer, transport: &T, shutdo
     driver.run().instrument(span).await
 }
 
+/// A fetch in progress: when it started, and what the broker returned.
+type Fetch<'a, R> = BoxFuture<'a, (Instant, Result<Vec<Delivery<R>>>)>;
+
 struct Driver<'a, T> {
     consumer: &'a Consumer,
     transport: &'a T,
@@ -57,7 +60,7 @@ impl<'a, T: Transport> Driver<'a, T> {
         // behind it, in delivery order.
         let mut lanes: HashMap<String, VecDeque<Delivery<T::Receipt>>> = HashMap::new();
         let mut running: FuturesUnordered<BoxFuture<'_, String>> = FuturesUnordered::new();
-        let mut fetch: Option<BoxFuture<'_, (Instant, Result<Vec<Delivery<T::Receipt>>>)>> = None;
+        let mut fetch: Option<Fetch<'_, T::Receipt>> = None;
         let mut held = 0usize;
         let mut pause = Duration::ZERO;
         let mut fetch_failures = 0u32;
