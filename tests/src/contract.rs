@@ -349,7 +349,7 @@ pub mod cases {
             x ^= x >> 7;
             x ^= x << 17;
             seed.store(x, std::sync::atomic::Ordering::Relaxed);
-            x % 10 == 0
+            x.is_multiple_of(10)
         };
         let config = fast_config().with_max_deliveries(1_000);
         let (consumer, applied) = counting_consumer(&t, "rf", config, fail);

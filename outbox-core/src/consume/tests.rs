@@ -33,7 +33,10 @@ impl DomainEvent for Tick {
     }
 }
 
-fn message(event_type: &str, version: i32, item: &str, n: u64) -> (BTreeMap<String, String>, Vec<u8>) {
+/// Headers and payload of one queued message.
+type Raw = (BTreeMap<String, String>, Vec<u8>);
+
+fn message(event_type: &str, version: i32, item: &str, n: u64) -> Raw {
     let event = OutboxEvent {
         seq: 1,
         aggregate_version: n as i64 + 1,
@@ -54,7 +57,7 @@ fn message(event_type: &str, version: i32, item: &str, n: u64) -> (BTreeMap<Stri
 /// Messages in a queue; acks, releases and dead letters recorded; `dead_letter` can be made to fail.
 #[derive(Default)]
 struct Memory {
-    queue: Mutex<VecDeque<(BTreeMap<String, String>, Vec<u8>)>>,
+    queue: Mutex<VecDeque<Raw>>,
     acked: Mutex<Vec<u64>>,
     released: Mutex<Vec<u64>>,
     dead: Mutex<Vec<(u64, DeadLetter)>>,
@@ -63,7 +66,7 @@ struct Memory {
 }
 
 impl Memory {
-    fn with(messages: Vec<(BTreeMap<String, String>, Vec<u8>)>) -> Self {
+    fn with(messages: Vec<Raw>) -> Self {
         Memory { queue: Mutex::new(messages.into()), ..Memory::default() }
     }
 }
