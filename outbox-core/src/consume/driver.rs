@@ -71,9 +71,13 @@ impl<'a, T: Transport> Driver<'a, T> {
                 let max = config.batch_size.min(config.max_in_flight - held);
                 let wait = config.fetch_wait;
                 let delay = std::mem::take(&mut pause);
+                let shutdown = &self.shutdown;
                 fetch = Some(Box::pin(async move {
                     if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
+                        tokio::select! {
+                            () = shutdown.cancelled() => return (Instant::now(), Ok(Vec::new())),
+                            () = tokio::time::sleep(delay) => {}
+                        }
                     }
                     let started = Instant::now();
                     (started, self.transport.fetch(max, wait).await)

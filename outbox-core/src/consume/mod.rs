@@ -32,7 +32,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use route::{EventHandler, Handled, Received};
-pub use transport::{DeadLetter, Delivery, MAX_DEAD_REASON_LEN, Replayable, Transport, dead_header, replayable};
+pub use transport::{
+    DeadLetter, Delivery, MAX_DEAD_REASON_LEN, ReplayDeadLetters, Replayable, Transport, dead_header, replayable,
+};
 
 use crate::config::Backoff;
 use crate::envelope::DEFAULT_MAX_PAYLOAD_BYTES;

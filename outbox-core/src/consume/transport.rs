@@ -150,3 +150,11 @@ pub trait Transport: Send + Sync {
         async { Ok(()) }
     }
 }
+
+/// Moving dead letters back to where they were first published, so a fixed consumer applies them (its
+/// inbox absorbs any it had applied). Every broker transport implements it.
+pub trait ReplayDeadLetters: Send + Sync {
+    /// Moves up to `max` dead letters back to their origin with their original headers, removing each
+    /// from the dead-letter destination only after the broker confirmed the republish; how many moved.
+    fn replay_dead_letters(&self, max: usize) -> impl Future<Output = Result<u64>> + Send;
+}
