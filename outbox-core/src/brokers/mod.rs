@@ -2,15 +2,17 @@
 //!
 //! - publishes with the broker's acknowledgement before reporting success, using the event id as the
 //!   broker's dedup id where the broker has one, and the [`envelope_headers`](crate::broker::envelope_headers);
-//! - consumes with the same contract: decode → [`MessageHandler`](crate::MessageHandler) (inbox dedup →
-//!   effect → commit) → ack, retry on [`Disposition::Retry`](crate::Disposition), set aside on `Park`.
+//! - consumes through a [`Transport`](crate::consume::Transport) driven by the one consume driver,
+//!   [`Consumer::run`](crate::Consumer::run), with dead letters on by default and a
+//!   [`ReplayDeadLetters`](crate::consume::ReplayDeadLetters) API;
+//! - parses its URL with [`BrokerUrl`], so no error ever shows a password.
 //!
-//! | feature | URL | publisher | consumer |
+//! | feature | URL | publisher | transport |
 //! |---|---|---|---|
-//! | `nats` | `nats://host:4222` | `nats::NatsPublisher` | `nats::NatsConsumer` |
-//! | `kafka` | `kafka://host:9092` | `kafka::KafkaPublisher` | `kafka::KafkaConsumer` |
-//! | `rabbitmq` | `amqp://user:pass@host:5672/%2f` | `rabbitmq::RabbitPublisher` | `rabbitmq::RabbitConsumer` |
-//! | `redis` | `redis://host:6379` | `redis::RedisPublisher` | `redis::RedisConsumer` |
+//! | `nats` | `nats://host:4222` | `nats::NatsPublisher` | `nats::NatsTransport` |
+//! | `kafka` | `kafka://host:9092` | `kafka::KafkaPublisher` | `kafka::KafkaTransport` |
+//! | `rabbitmq` | `amqp://user:pass@host:5672/%2f` | `rabbitmq::RabbitPublisher` | `rabbitmq::RabbitTransport` |
+//! | `redis` | `redis://host:6379` | `redis::RedisPublisher` | `redis::RedisTransport` |
 
 #[cfg(feature = "kafka")]
 pub mod kafka;
@@ -21,7 +23,11 @@ pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-use crate::error::{Error, Result};
+mod url;
+
+pub use url::BrokerUrl;
+
+use crate::error::Result;
 
 /// The broker named by a URL's scheme.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,28 +43,10 @@ pub enum BrokerKind {
 }
 
 impl BrokerKind {
-    /// Reads the scheme of `url`; an unknown scheme or a URL without a host is an [`Error::InvalidConfig`].
+    /// Reads the scheme of `url`; an unknown scheme or a URL without a host is an [`crate::Error::InvalidConfig`]
+    /// (showing the URL with its credentials redacted). See [`BrokerUrl`] for the rest of the URL.
     pub fn from_url(url: &str) -> Result<BrokerKind> {
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-            Error::invalid_config("broker_url", format!("{url:?} is not a URL; expected e.g. nats://127.0.0.1:4222"))
-        })?;
-        let kind = match scheme.to_ascii_lowercase().as_str() {
-            "nats" => BrokerKind::Nats,
-            "kafka" => BrokerKind::Kafka,
-            "amqp" | "amqps" => BrokerKind::RabbitMq,
-            "redis" | "rediss" => BrokerKind::Redis,
-            other => {
-                return Err(Error::invalid_config(
-                    "broker_url",
-                    format!("has scheme {other:?}; expected one of nats, kafka, amqp, amqps, redis, rediss"),
-                ));
-            }
-        };
-        let host = rest.rsplit('@').next().unwrap_or_default();
-        if host.is_empty() || host.starts_with(['/', ':']) {
-            return Err(Error::invalid_config("broker_url", format!("{url:?} has no host")));
-        }
-        Ok(kind)
+        BrokerUrl::parse(url).map(|url| url.kind())
     }
 }
 
