@@ -2,14 +2,14 @@
 //!
 //! - publishes with the broker's acknowledgement before reporting success, using the event id as the
 //!   broker's dedup id where the broker has one, and the [`envelope_headers`](crate::broker::envelope_headers);
-//! - consumes with the same contract: decode → [`MessageHandler`](crate::MessageHandler) (inbox dedup →
-//!   effect → commit) → ack, retry on [`Disposition::Retry`](crate::Disposition), set aside on `Park`.
+//! - consumes through a [`Transport`](crate::Transport) the one [`Consumer`](crate::Consumer) driver runs
+//!   (decode → typed handler with inbox dedup → ack; retries in place, dead letters confirmed).
 //!
-//! | feature | URL | publisher | consumer |
+//! | feature | URL | publisher | consumer transport |
 //! |---|---|---|---|
 //! | `nats` | `nats://host:4222` | `nats::NatsPublisher` | `nats::NatsConsumer` |
-//! | `kafka` | `kafka://host:9092` | `kafka::KafkaPublisher` | `kafka::KafkaConsumer` |
-//! | `rabbitmq` | `amqp://user:pass@host:5672/%2f` | `rabbitmq::RabbitPublisher` | `rabbitmq::RabbitConsumer` |
+//! | `kafka` | `kafka://host:9092` | `kafka::KafkaPublisher` | `kafka::KafkaTransport` |
+//! | `rabbitmq` | `amqp://user:pass@host:5672/%2f` | `rabbitmq::RabbitPublisher` | `rabbitmq::RabbitTransport` |
 //! | `redis` | `redis://host:6379` | `redis::RedisPublisher` | `redis::RedisConsumer` |
 
 #[cfg(feature = "kafka")]
@@ -40,7 +40,10 @@ impl BrokerKind {
     /// Reads the scheme of `url`; an unknown scheme or a URL without a host is an [`Error::InvalidConfig`].
     pub fn from_url(url: &str) -> Result<BrokerKind> {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-            Error::invalid_config("broker_url", format!("{url:?} is not a URL; expected e.g. nats://127.0.0.1:4222"))
+            Error::invalid_config(
+                "broker_url",
+                format!("{:?} is not a URL; expected e.g. nats://127.0.0.1:4222", crate::text::redact_url(url)),
+            )
         })?;
         let kind = match scheme.to_ascii_lowercase().as_str() {
             "nats" => BrokerKind::Nats,
@@ -56,7 +59,7 @@ impl BrokerKind {
         };
         let host = rest.rsplit('@').next().unwrap_or_default();
         if host.is_empty() || host.starts_with(['/', ':']) {
-            return Err(Error::invalid_config("broker_url", format!("{url:?} has no host")));
+            return Err(Error::invalid_config("broker_url", format!("{:?} has no host", crate::text::redact_url(url))));
         }
         Ok(kind)
     }
