@@ -597,7 +597,7 @@ async fn kafka_commits_stop_at_a_message_held_for_a_retry() {
     create_shipments(&t).await;
     let topic = unique("kafka-contiguous");
     let m = mock(&[(&topic, 1)]);
-    let events: Vec<NewEvent> = (0..6).map(|i| shipped(if i % 2 == 0 { "a" } else { "b" }, i)).collect();
+    let events: Vec<NewEvent> = (0..6_i64).map(|i| shipped(if i % 2 == 0 { "a" } else { "b" }, i)).collect();
     outbox_seaorm::enqueue_all(&t.db, &events).await.expect("enqueue");
     let relay =
         Relay::new(SeaOrmStore::new(t.db.clone()), mock_publisher(&m, to(&topic), &[]), fast_config()).expect("relay");
