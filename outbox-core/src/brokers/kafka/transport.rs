@@ -150,8 +150,12 @@ pub struct KafkaTransport {
     progress: Arc<Mutex<Progress>>,
     /// Held while a commit is computed and sent, so commits of one partition never go backwards.
     commits: AsyncMutex<()>,
-    /// Dead-letter topics known to exist.
-    dead_topics: Mutex<HashSet<String>>,
+    /// Dead-letter topics known to exist; held while one is created, so two dead letters never create
+    /// the same topic at once (a broker that handles concurrent creates badly could lose the first
+    /// letter).
+    dead_topics: AsyncMutex<HashSet<String>>,
+    /// Held while a dead letter is produced and confirmed.
+    dead_letters: AsyncMutex<()>,
 }
 
 impl std::fmt::Debug for KafkaTransport {
@@ -242,7 +246,8 @@ impl KafkaTransport {
             delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
             progress,
             commits: AsyncMutex::new(()),
-            dead_topics: Mutex::new(HashSet::new()),
+            dead_topics: AsyncMutex::new(HashSet::new()),
+            dead_letters: AsyncMutex::new(()),
         })
     }
 
@@ -323,7 +328,8 @@ impl KafkaTransport {
     /// Creates `topic` unless it is known to exist, with as many partitions as `origin` (replication: the
     /// broker's default).
     async fn ensure_topic(&self, topic: &str, origin: &str) -> Result<()> {
-        if self.dead_topics.lock().unwrap_or_else(PoisonError::into_inner).contains(topic) {
+        let mut known = self.dead_topics.lock().await;
+        if known.contains(topic) {
             return Ok(());
         }
         let consumer = self.consumer.clone();
@@ -357,7 +363,7 @@ impl KafkaTransport {
             }
         }
         tracing::info!(messaging.system = "kafka", dead_letter_topic = topic, partitions, "dead-letter topic ready");
-        self.dead_topics.lock().unwrap_or_else(PoisonError::into_inner).insert(topic.to_owned());
+        known.insert(topic.to_owned());
         Ok(())
     }
 }
@@ -483,6 +489,8 @@ impl Transport for KafkaTransport {
         if let Some(key) = &receipt.key {
             record = record.key(key.as_slice());
         }
+        // One dead letter at a time: each is confirmed before the next is sent.
+        let _one = self.dead_letters.lock().await;
         match self.producer.send(record, self.delivery_timeout).await {
             Ok(_) => Ok(()),
             Err((error, _)) => Err(Error::broker(
