@@ -1,5 +1,5 @@
-//! The Kafka adapter end to end: outbox rows → `Relay` + `KafkaPublisher` → Kafka → `KafkaConsumer` → an
-//! `#[idempotent_handler]` that writes an effect row.
+//! The Kafka adapter end to end: outbox rows → `Relay` + `KafkaPublisher` → Kafka → `KafkaTransport` and
+//! the `Consumer` driver → an `#[idempotent_handler]` that writes an effect row.
 //!
 //! - Against a real Kafka-protocol broker (tansu on 127.0.0.1:9092, started by `.ci/kafka.sh start`;
 //!   skipped when absent outside CI): round trip on every backend, a foreign message dead-lettered with its

@@ -60,7 +60,7 @@ struct Outgoing {
     properties: BasicProperties,
 }
 
-/// Publishes outbox events to one RabbitMQ exchange with publisher confirms; see the [module docs](self).
+/// Publishes outbox events to one RabbitMQ exchange with publisher confirms; see the [module docs](super).
 ///
 /// Batches are sent one at a time (a returned message is matched to its event by `message_id`, which needs
 /// the channel to itself); the connection is opened by [`connect`](Self::connect) and reopened lazily by the
@@ -174,9 +174,11 @@ impl RabbitPublisher {
         self.declare(exchange, queue, binding_key, FieldTable::default()).await
     }
 
-    /// Like [`declare_queue`](Self::declare_queue), and dead-letters the queue into `dead_letter_queue`
-    /// (declared too, through the default exchange): what a consumer parks lands there instead of being
-    /// dropped.
+    /// Like [`declare_queue`](Self::declare_queue), with RabbitMQ's own dead-lettering of the queue into
+    /// `dead_letter_queue` (declared too, through the default exchange): messages RabbitMQ drops (expired
+    /// by a TTL, over a length limit, rejected without requeue by some other consumer) land there instead.
+    /// [`RabbitTransport`](super::RabbitTransport) never rejects without requeue: it publishes its dead
+    /// letters itself, with a confirm, to its own dead-letter queue (which may be this one).
     pub async fn declare_queue_with_dead_letters(
         &self,
         exchange: &str,
