@@ -1,17 +1,19 @@
-//! The Kafka adapter end to end: outbox rows → `Relay` + `KafkaPublisher` → Kafka → `KafkaConsumer` → an
-//! `#[idempotent_handler]` that writes an effect row.
+//! The Kafka adapter end to end: outbox rows → `Relay` + `KafkaPublisher` → Kafka → `KafkaTransport` and
+//! the `Consumer` driver → an `#[idempotent_handler]` that writes an effect row.
 //!
 //! - Against a real Kafka-protocol broker (tansu on 127.0.0.1:9092, started by `.ci/kafka.sh start`;
-//!   skipped when absent outside CI): round trip on every backend, per-aggregate order for 1,000 events,
-//!   a message without an envelope is parked.
+//!   skipped when absent outside CI): round trip on every backend, a foreign message dead-lettered with its
+//!   key, payload and raw headers (not UTF-8, control characters) to a `.dlq` topic created on first use.
 //! - Against librdkafka's in-process mock cluster (always runs): broker down and back, a lost ack, bad
-//!   input, a message over `message.max.bytes`, a handler retry, a group subscription. The
+//!   configuration and input, a message over `message.max.bytes`, commits that stop at a message held for
+//!   a retry, a group subscription. What every broker shares is in `contract_kafka.rs`. The
 //!   unreachable-broker test uses the mock cluster rather than the `Proxy`: tansu advertises its own
 //!   address (127.0.0.1:9092) in the metadata, so after bootstrapping through a proxy the client talks to
 //!   the broker directly (checked: a publish after `Proxy::cut` still succeeded); the mock cluster's
 //!   `broker_down` does cut it off.
 //!
-//! Consumers of tansu use direct partition assignment: a consumer-group join there takes about 23 s.
+//! Transports of tansu here use direct partition assignment: a consumer-group join there takes about 23 s
+//! with librdkafka's default timeouts.
 
 mod common;
 
@@ -19,22 +21,23 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use common::{CAP, after, assert_per_aggregate_order, count_inbox, count_table, count_unpublished, fast_config};
+use common::{CAP, after, count_inbox, count_table, count_unpublished, fast_config};
+use outbox_integration_tests::contract::Running;
 use outbox_integration_tests::proxy::server_available;
 use outbox_integration_tests::{TestDb, all_backends};
 use outbox_seaorm::brokers::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use outbox_seaorm::brokers::kafka::rdkafka::client::DefaultClientContext;
-use outbox_seaorm::brokers::kafka::rdkafka::consumer::{BaseConsumer, Consumer};
-use outbox_seaorm::brokers::kafka::rdkafka::message::{Headers as _, Message as _};
+use outbox_seaorm::brokers::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
+use outbox_seaorm::brokers::kafka::rdkafka::message::{Header, Headers as _, Message as _, OwnedHeaders};
 use outbox_seaorm::brokers::kafka::rdkafka::mocking::MockCluster;
 use outbox_seaorm::brokers::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use outbox_seaorm::brokers::kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use outbox_seaorm::brokers::kafka::{KafkaConsumer, KafkaPublisher, Subscription, default_destination};
+use outbox_seaorm::brokers::kafka::{KafkaPublisher, KafkaTransport, Subscription, default_destination};
 use outbox_seaorm::entity::outbox_event;
 use outbox_seaorm::prelude::*;
 use outbox_seaorm::{
-    CancellationToken, Destination, Disposition, Error, MessageHandler, NewEvent, OutboxEvent, PublishError, Publisher,
-    disposition,
+    Backoff, Consumer, ConsumerConfig, Destination, Error, InboxOutcome, NewEvent, OutboxEvent, PublishError,
+    Publisher, Received,
 };
 use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, QueryFilter};
 use serde::{Deserialize, Serialize};
@@ -76,52 +79,48 @@ fn to(topic: &str) -> Destination {
     Destination::fixed(topic).expect("topic")
 }
 
-/// What the consumer's handler saw, in arrival order, and what it decided.
+/// `(parcel, n)` of every event the handler applied (first applications), in commit order.
 #[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<(OutboxEvent, Disposition)>>>);
+struct Seen(Arc<Mutex<Vec<(String, i64)>>>);
 
 impl Seen {
-    fn acked(&self) -> Vec<OutboxEvent> {
-        let seen = self.0.lock().expect("seen");
-        seen.iter().filter(|(_, d)| *d == Disposition::Ack).map(|(e, _)| e.clone()).collect()
-    }
-
-    fn len(&self) -> usize {
-        self.0.lock().expect("seen").len()
+    fn all(&self) -> Vec<(String, i64)> {
+        self.0.lock().expect("seen").clone()
     }
 }
 
-/// The consumer's handler: the `#[idempotent_handler]` on `db`, its result mapped to a disposition, and
-/// every call recorded in `seen`.
-fn shipping_handler(
-    db: DatabaseConnection,
-    seen: Seen,
-) -> impl Fn(OutboxEvent) -> std::pin::Pin<Box<dyn Future<Output = Disposition> + Send>> + Send + Sync + 'static {
-    move |event: OutboxEvent| {
-        let db = db.clone();
-        let seen = seen.clone();
-        Box::pin(async move {
-            let d = disposition(&record_shipment(&db, &event).await);
-            seen.0.lock().expect("seen").push((event, d));
-            d
-        })
-    }
+fn consumer_config() -> ConsumerConfig {
+    ConsumerConfig::default()
+        .with_backoff(Backoff { initial: Duration::from_millis(50), max: Duration::from_millis(200), multiplier: 2 })
+        .with_fetch_wait(Duration::from_millis(200))
 }
 
-/// Runs `consumer` with `handler` in a task until the returned token is cancelled.
-fn spawn_consumer<H: MessageHandler>(
-    consumer: Arc<KafkaConsumer>,
-    handler: H,
-) -> (CancellationToken, tokio::task::JoinHandle<outbox_seaorm::Result<()>>) {
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    (shutdown, tokio::spawn(async move { consumer.run(handler, token).await }))
-}
-
-async fn stop(shutdown: CancellationToken, task: tokio::task::JoinHandle<outbox_seaorm::Result<()>>) {
-    shutdown.cancel();
-    let result = tokio::time::timeout(Duration::from_secs(15), task).await;
-    result.expect("consumer stops within 15 s").expect("consumer task").expect("consumer run");
+/// The consumer `kafka_shipping`: the `#[idempotent_handler]` on `db`; `fail(event, delivery)` makes a
+/// delivery fail before the effect.
+fn shipping(
+    db: &DatabaseConnection,
+    seen: &Seen,
+    fail: impl Fn(&ParcelShipped, u32) -> bool + Send + Sync + 'static,
+) -> Consumer {
+    let (db, seen, fail) = (db.clone(), seen.clone(), Arc::new(fail));
+    let handler = move |received: Received<ParcelShipped>| {
+        let (db, seen, fail) = (db.clone(), seen.clone(), fail.clone());
+        async move {
+            if fail(&received.event, received.delivery) {
+                return Err(format!("injected failure of n={}", received.event.n));
+            }
+            let outcome = record_shipment(&db, &received.envelope).await.map_err(|e| e.to_string())?;
+            if let InboxOutcome::Processed(n) = &outcome {
+                seen.0.lock().expect("seen").push((received.event.parcel_id.clone(), *n));
+            }
+            Ok::<_, String>(outcome)
+        }
+    };
+    Consumer::new("kafka_shipping")
+        .expect("name")
+        .with_config(consumer_config())
+        .expect("config")
+        .on::<ParcelShipped>(handler)
 }
 
 /// Waits until `check` holds, at most `limit`.
@@ -135,6 +134,12 @@ where
         assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The committed offsets of `group` on `topic` (partitions `0..partitions`).
+async fn committed(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> Vec<(String, i32, i64)> {
+    let probe = KafkaTransport::connect(bootstrap, group, assignment(topic, partitions), &[]).expect("probe");
+    probe.committed(Duration::from_secs(5)).await.expect("committed")
 }
 
 fn assignment(topic: &str, partitions: i32) -> Subscription {
@@ -237,103 +242,50 @@ async fn kafka_round_trip_applies_each_event_once_and_commits_after_the_handler(
             assert!(names.contains(&name), "{t}: header {name} missing from {names:?}");
         }
 
-        let consumer = KafkaConsumer::connect(TANSU, &unique("kafka-billing"), assignment(&topic, 3), &[])
-            .expect("consumer")
-            .with_retry_delay(Duration::from_millis(100));
-        let consumer = Arc::new(consumer);
+        let group = unique("kafka-billing");
+        let transport = KafkaTransport::connect(TANSU, &group, assignment(&topic, 3), &[]).expect("transport");
         let seen = Seen::default();
-        let (shutdown, task) = spawn_consumer(consumer.clone(), shipping_handler(t.db.clone(), seen.clone()));
+        let running = Running::start(shipping(&t.db, &seen, |_, _| false), transport);
         eventually("30 shipments", Duration::from_secs(20), || async {
             count_table(&t, "kafka_shipments").await == 30
         })
         .await;
-        stop(shutdown, task).await;
+        let stats = running.stop().await;
 
-        assert_eq!(seen.acked().len(), 30, "{t}: each message handled once");
-        assert_eq!(count_table(&t, "kafka_shipments").await, 30, "{t}");
+        assert_eq!((stats.processed, stats.duplicates, stats.dead_lettered), (30, 0, 0), "{t}: {stats:?}");
         assert_eq!(count_inbox(&t, "kafka_shipping").await, 30, "{t}");
-        assert_per_aggregate_order(&seen.acked(), &t);
+        let mut per_parcel: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+        for (parcel, n) in seen.all() {
+            per_parcel.entry(parcel).or_default().push(n);
+        }
+        for (parcel, ns) in &per_parcel {
+            assert!(ns.windows(2).all(|w| w[0] < w[1]), "{t}: {parcel} applied out of order: {ns:?}");
+        }
         // Offsets were committed past every handled message (offsets start at 0 in a fresh topic).
-        let committed = consumer.committed(Duration::from_secs(5)).await.expect("committed");
+        let committed = committed(TANSU, &group, &topic, 3).await;
         assert_eq!(committed_total(&committed), 30, "{t}: {committed:?}");
     }
 }
 
+/// A message from a producer that knows nothing about the outbox, with a key, a header that is not
+/// UTF-8 and one with control characters: dead-lettered to `<topic>.dlq` (created on first use) with
+/// its key, payload and headers byte for byte, and the messages after it are processed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_keeps_per_aggregate_order_for_1000_events_over_50_aggregates() {
+async fn kafka_dead_letters_keep_key_payload_and_raw_headers() {
     if !server_available("Kafka", TANSU).await {
         return;
     }
-    let t = all_backends("kafka_order").await.swap_remove(0);
+    let t = all_backends("kafka_dead_letter").await.swap_remove(0);
     create_shipments(&t).await;
-    let topic = unique("kafka-order");
-    create_topics(TANSU, &[(&topic, 4)]).await;
-    // Round-robin over the aggregates, so every batch holds many aggregates.
-    let events: Vec<NewEvent> = (0..1000).map(|i| shipped(&format!("p{}", i % 50), i)).collect();
-    outbox_seaorm::enqueue_all(&t.db, &events).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-
-    let seen = Seen::default();
-    let consumer = KafkaConsumer::connect(TANSU, &unique("kafka-order"), assignment(&topic, 4), &[])
-        .expect("consumer")
-        .with_retry_delay(Duration::from_millis(100));
-    let consumer = Arc::new(consumer);
-    let recorder = {
-        let seen = seen.clone();
-        move |event: OutboxEvent| {
-            let seen = seen.clone();
-            async move {
-                seen.0.lock().expect("seen").push((event, Disposition::Ack));
-                Disposition::Ack
-            }
-        }
-    };
-    let (shutdown, task) = spawn_consumer(consumer.clone(), recorder);
-
-    let started = Instant::now();
-    let publisher = KafkaPublisher::connect(TANSU, to(&topic), &[]).expect("publisher");
-    let relay =
-        Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config().with_batch_size(500)).expect("relay");
-    let passes = relay.drain(1000).await.unwrap_or_else(|e| panic!("{t}: relay: {e}"));
-    let relayed = started.elapsed();
-    assert_eq!(passes.iter().map(|p| p.published).sum::<u64>(), 1000, "{t}");
-    eventually("1000 messages at the consumer", Duration::from_secs(30), || async { seen.len() >= 1000 }).await;
-    let consumed = started.elapsed();
-    stop(shutdown, task).await;
-    eprintln!(
-        "kafka order: relayed 1000 events in {} passes in {relayed:?}, all consumed after {consumed:?}",
-        passes.len()
-    );
-
-    let received = seen.acked();
-    assert_eq!(received.len(), 1000, "{t}: no duplicates, nothing lost");
-    assert_per_aggregate_order(&received, &t);
-    for aggregate in 0..50 {
-        let ns: Vec<i64> = received
-            .iter()
-            .filter(|e| e.aggregate_id == format!("p{aggregate}"))
-            .map(|e| ParcelShipped::from_envelope(e).expect("decodes").n)
-            .collect();
-        let expected: Vec<i64> = (0..20).map(|k| aggregate + 50 * k).collect();
-        assert_eq!(ns, expected, "{t}: aggregate p{aggregate} in enqueue order");
-    }
-    let committed = consumer.committed(Duration::from_secs(5)).await.expect("committed");
-    assert_eq!(committed_total(&committed), 1000, "{t}: {committed:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_parks_a_message_without_an_envelope_and_processes_the_next() {
-    if !server_available("Kafka", TANSU).await {
-        return;
-    }
-    let t = all_backends("kafka_park").await.swap_remove(0);
-    create_shipments(&t).await;
-    let topic = unique("kafka-park");
+    let topic = unique("kafka-dead-letter");
     let dlq = format!("{topic}.dlq");
-    create_topics(TANSU, &[(&topic, 1), (&dlq, 1)]).await;
+    create_topics(TANSU, &[(&topic, 1)]).await;
 
-    // A message from a producer that knows nothing about the outbox: no envelope headers.
     let raw: FutureProducer = ClientConfig::new().set("bootstrap.servers", TANSU).create().expect("producer");
-    raw.send(FutureRecord::to(&topic).key("p1").payload("{\"hello\":1}"), Duration::from_secs(5))
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: "binary", value: Some(&[0xff_u8, 0x00, 0xfe][..]) })
+        .insert(Header { key: "note", value: Some("line\nbreak\u{1b}[31m".as_bytes()) });
+    raw.send(FutureRecord::to(&topic).key("p1").payload("{\"hello\":1}").headers(headers), Duration::from_secs(5))
         .await
         .expect("raw message delivered");
     outbox_seaorm::enqueue_all(&t.db, &[shipped("p1", 1), shipped("p2", 2)]).await.expect("enqueue");
@@ -341,27 +293,51 @@ async fn kafka_parks_a_message_without_an_envelope_and_processes_the_next() {
     let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).expect("relay");
     relay.drain(10).await.expect("relay");
 
-    let consumer = KafkaConsumer::connect(TANSU, &unique("kafka-park"), assignment(&topic, 1), &[])
-        .expect("consumer")
-        .with_retry_delay(Duration::from_millis(100))
-        .with_dead_letter_suffix(".dlq")
-        .expect("dead letters");
-    let consumer = Arc::new(consumer);
+    let group = unique("kafka-dead-letter");
+    let transport = KafkaTransport::connect(TANSU, &group, assignment(&topic, 1), &[]).expect("transport");
+    assert_eq!(transport.dead_letter_topic(&topic), dlq);
     let seen = Seen::default();
-    let (shutdown, task) = spawn_consumer(consumer.clone(), shipping_handler(t.db.clone(), seen.clone()));
-    eventually("2 shipments", Duration::from_secs(20), || async { count_table(&t, "kafka_shipments").await == 2 })
-        .await;
-    stop(shutdown, task).await;
+    let running = Running::start(shipping(&t.db, &seen, |_, _| false), transport);
+    eventually("2 shipments and a dead letter", Duration::from_secs(20), || async {
+        count_table(&t, "kafka_shipments").await == 2 && running.stats().dead_lettered == 1
+    })
+    .await;
+    let stats = running.stop().await;
+    assert_eq!((stats.processed, stats.dead_lettered), (2, 1), "{t}: {stats:?}");
+    let committed = committed(TANSU, &group, &topic, 1).await;
+    assert_eq!(committed, vec![(topic.clone(), 0, 3)], "{t}: committed past the dead letter and both events");
 
-    assert_eq!(seen.len(), 2, "{t}: the raw message never reached the handler");
-    let committed = consumer.committed(Duration::from_secs(5)).await.expect("committed");
-    assert_eq!(committed, vec![(topic.clone(), 0, 3)], "{t}: committed past the parked message and both events");
-    let parked = read_all(TANSU, &dlq, 1, 1);
-    assert_eq!(parked.len(), 1, "{t}: the raw message is in {dlq}");
-    let (_, _, key, payload, headers) = &parked[0];
-    assert_eq!((key.as_deref(), payload.as_deref()), (Some(&b"p1"[..]), Some(&b"{\"hello\":1}"[..])), "{t}");
-    let reason = headers.iter().find(|(k, _)| k == "outbox_park_reason").map(|(_, v)| v.as_str());
-    assert!(reason.is_some_and(|r| r.contains("`ce_id`")), "{t}: {headers:?}");
+    let reader: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", TANSU)
+        .set("group.id", unique("kafka-reader"))
+        .create()
+        .expect("reader");
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(&dlq, 0, Offset::Beginning).expect("partition");
+    reader.assign(&list).expect("assign");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let letter = loop {
+        assert!(Instant::now() < deadline, "{t}: no dead letter in {dlq}");
+        if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
+            break m.detach();
+        }
+    };
+    assert_eq!((letter.key(), letter.payload()), (Some(&b"p1"[..]), Some(&b"{\"hello\":1}"[..])), "{t}");
+    let headers: Vec<(String, Option<Vec<u8>>)> = letter
+        .headers()
+        .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
+        .unwrap_or_default();
+    let get = |name: &str| headers.iter().find(|(k, _)| k == name).and_then(|(_, v)| v.clone());
+    assert_eq!(get("binary").as_deref(), Some(&[0xff_u8, 0x00, 0xfe][..]), "{t}: non-UTF-8 header kept");
+    assert_eq!(get("note").as_deref(), Some("line\nbreak\u{1b}[31m".as_bytes()), "{t}: header kept as it was");
+    let reason = String::from_utf8(get("outbox_dead_reason").unwrap_or_default()).expect("UTF-8 reason");
+    assert!(reason.contains("ce_id") && !reason.chars().any(char::is_control), "{t}: {reason:?}");
+    assert_eq!(get("outbox_dead_origin").as_deref(), Some(topic.as_bytes()), "{t}");
+    assert_eq!(get("outbox_dead_consumer").as_deref(), Some(&b"kafka_shipping"[..]), "{t}");
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", TANSU).create().expect("admin client");
+    let _ = admin.delete_topics(&[&topic, &dlq], &options).await;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -390,11 +366,8 @@ fn mock_publisher(m: &Mock, destination: Destination, extra: &[(&str, &str)]) ->
     KafkaPublisher::from_config(config, destination).expect("publisher")
 }
 
-fn mock_consumer(m: &Mock, topic: &str, partitions: i32) -> Arc<KafkaConsumer> {
-    let consumer = KafkaConsumer::connect(&m.bootstrap, &unique("kafka-mock"), assignment(topic, partitions), &[])
-        .expect("consumer")
-        .with_retry_delay(Duration::from_millis(50));
-    Arc::new(consumer)
+fn mock_transport(m: &Mock, group: &str, topic: &str, partitions: i32) -> KafkaTransport {
+    KafkaTransport::connect(&m.bootstrap, group, assignment(topic, partitions), &[]).expect("transport")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,12 +414,11 @@ async fn kafka_broker_down_keeps_rows_pending_and_the_backlog_drains_when_it_ret
     assert_eq!(count_unpublished(&t).await, 0, "{t}");
 
     // Nothing lost: every event arrives (a publish that timed out may also have landed: the inbox absorbs it).
-    let consumer = mock_consumer(&m, &topic, 2);
-    let seen = Seen::default();
-    let (shutdown, task) = spawn_consumer(consumer, shipping_handler(t.db.clone(), seen.clone()));
+    let running =
+        Running::start(shipping(&t.db, &Seen::default(), |_, _| false), mock_transport(&m, &unique("g"), &topic, 2));
     eventually("11 shipments", Duration::from_secs(20), || async { count_table(&t, "kafka_shipments").await == 11 })
         .await;
-    stop(shutdown, task).await;
+    running.stop().await;
     eprintln!("kafka broker down: consumed after {:?}", started.elapsed());
     assert_eq!(count_inbox(&t, "kafka_shipping").await, 11, "{t}");
 }
@@ -486,15 +458,19 @@ async fn kafka_lost_ack_republish_is_absorbed_by_the_inbox() {
     let second = relay.run_once_at(after(now, CAP)).await.expect("pass");
     assert_eq!(second.published, 5, "{t}: {second:?}");
 
-    let consumer = mock_consumer(&m, &topic, 2);
-    let seen = Seen::default();
-    let (shutdown, task) = spawn_consumer(consumer.clone(), shipping_handler(t.db.clone(), seen.clone()));
-    eventually("10 deliveries", Duration::from_secs(20), || async { seen.len() == 10 }).await;
-    stop(shutdown, task).await;
-    assert_eq!(seen.acked().len(), 10, "{t}: duplicates are acked too");
+    let group = unique("kafka-lost-ack");
+    let running =
+        Running::start(shipping(&t.db, &Seen::default(), |_, _| false), mock_transport(&m, &group, &topic, 2));
+    eventually("10 deliveries", Duration::from_secs(20), || async {
+        let stats = running.stats();
+        stats.processed + stats.duplicates == 10
+    })
+    .await;
+    let stats = running.stop().await;
+    assert_eq!((stats.processed, stats.duplicates), (5, 5), "{t}: duplicates are acked too: {stats:?}");
     assert_eq!(count_table(&t, "kafka_shipments").await, 5, "{t}: each effect once");
     assert_eq!(count_inbox(&t, "kafka_shipping").await, 5, "{t}");
-    let committed = consumer.committed(Duration::from_secs(5)).await.expect("committed");
+    let committed = committed(&m.bootstrap, &group, &topic, 2).await;
     assert_eq!(committed_total(&committed), 10, "{t}: {committed:?}");
 }
 
@@ -510,9 +486,32 @@ async fn kafka_bad_input_is_a_clear_error_or_a_dead_row() {
         let error = KafkaPublisher::connect(bootstrap, default_destination(), &[]).expect_err(bootstrap);
         assert!(matches!(error, Error::InvalidConfig { .. }), "{bootstrap}: {error}");
         assert!(error.to_string().contains(expected), "{bootstrap}: {error}");
-        let error = KafkaConsumer::connect(bootstrap, "g", assignment("t", 1), &[]).expect_err(bootstrap);
+        let error = KafkaTransport::connect(bootstrap, "g", assignment("t", 1), &[]).expect_err(bootstrap);
         assert!(error.to_string().contains(expected), "{bootstrap}: {error}");
     }
+    // Transport settings: a group, a subscription, dead-letter topics Kafka accepts.
+    for (group, subscription, field) in [
+        ("", assignment("t", 1), "group"),
+        ("g", Subscription::Topics(vec![]), "subscription"),
+        ("g", Subscription::Topics(vec!["a/b".into()]), "subscription"),
+        ("g", Subscription::Topics(vec!["t".repeat(247)]), "dead_letter_suffix"),
+    ] {
+        let error = KafkaTransport::connect("127.0.0.1:9092", group, subscription, &[]).expect_err(field);
+        assert!(matches!(error, Error::InvalidConfig { field: f, .. } if f == field), "{field}: {error}");
+    }
+    let transport = KafkaTransport::connect("127.0.0.1:9092", "g", assignment("orders", 1), &[]).expect("transport");
+    for suffix in ["", "/dead", ".dead letters", ".\u{0}"] {
+        let error = KafkaTransport::connect("127.0.0.1:9092", "g", assignment("orders", 1), &[])
+            .expect("transport")
+            .with_dead_letter_suffix(suffix)
+            .expect_err(suffix);
+        assert!(matches!(error, Error::InvalidConfig { field: "dead_letter_suffix", .. }), "{suffix:?}: {error}");
+        assert!(!error.to_string().chars().any(char::is_control), "{error}");
+    }
+    assert_eq!(transport.with_dead_letter_suffix("-dead").expect("valid").dead_letter_topic("orders"), "orders-dead");
+    let error = KafkaTransport::connect("127.0.0.1:9092", "g", assignment("t", 1), &[("fetch.wait.max.ms", "soon")])
+        .expect_err("invalid librdkafka setting");
+    assert!(matches!(error, Error::InvalidConfig { .. }) && error.to_string().contains("fetch.wait.max.ms"), "{error}");
     let template = Destination::parse("orders/{aggregate_type}").expect("a valid template");
     let error = KafkaPublisher::connect("127.0.0.1:9092", template, &[]).expect_err("invalid topic literal");
     assert!(error.to_string().contains("cannot make a valid Kafka topic name"), "{error}");
@@ -561,68 +560,6 @@ async fn kafka_message_over_max_bytes_is_a_dead_row() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_retry_redelivers_the_message_before_the_next_one() {
-    let t = all_backends("kafka_retry").await.swap_remove(0);
-    create_shipments(&t).await;
-    let topic = unique("kafka-retry");
-    let m = mock(&[(&topic, 1)]);
-    let events: Vec<NewEvent> = (0..6).map(|i| shipped("p1", i)).collect();
-    outbox_seaorm::enqueue_all(&t.db, &events).await.expect("enqueue");
-    let relay =
-        Relay::new(SeaOrmStore::new(t.db.clone()), mock_publisher(&m, to(&topic), &[]), fast_config()).expect("relay");
-    relay.drain(20).await.expect("relay");
-
-    // The handler fails event n=2 twice (its transaction rolled back), then succeeds.
-    let failures = Arc::new(Mutex::new(2));
-    let seen = Seen::default();
-    let inner = shipping_handler(t.db.clone(), seen.clone());
-    let seen_failures = seen.clone();
-    let consumer = mock_consumer(&m, &topic, 1);
-    let (probe, committed_at_retry) = (consumer.clone(), Arc::new(Mutex::new(Vec::new())));
-    let committed_at_retry_log = committed_at_retry.clone();
-    let handler = move |event: OutboxEvent| {
-        let fail = ParcelShipped::from_envelope(&event).is_ok_and(|e| e.n == 2) && {
-            let mut left = failures.lock().expect("failures");
-            *left > 0 && {
-                *left -= 1;
-                true
-            }
-        };
-        let seen = seen_failures.clone();
-        let run = inner(event.clone());
-        let (probe, log) = (probe.clone(), committed_at_retry_log.clone());
-        async move {
-            if fail {
-                let committed = probe.committed(Duration::from_secs(5)).await.expect("committed");
-                log.lock().expect("log").push(committed_total(&committed));
-                seen.0.lock().expect("seen").push((event, Disposition::Retry));
-                return Disposition::Retry;
-            }
-            run.await
-        }
-    };
-    let (shutdown, task) = spawn_consumer(consumer.clone(), handler);
-    eventually("6 shipments", Duration::from_secs(20), || async { count_table(&t, "kafka_shipments").await == 6 })
-        .await;
-    stop(shutdown, task).await;
-
-    let calls: Vec<(i64, Disposition)> = seen
-        .0
-        .lock()
-        .expect("seen")
-        .iter()
-        .map(|(e, d)| (ParcelShipped::from_envelope(e).expect("decodes").n, *d))
-        .collect();
-    let acked: Vec<i64> = calls.iter().filter(|(_, d)| *d == Disposition::Ack).map(|(n, _)| *n).collect();
-    assert_eq!(acked, [0, 1, 2, 3, 4, 5], "{t}: the retried message came back before the next one: {calls:?}");
-    assert_eq!(calls.iter().filter(|(_, d)| *d == Disposition::Retry).count(), 2, "{t}: {calls:?}");
-    let during = committed_at_retry.lock().expect("log").clone();
-    assert!(during.iter().all(|&offset| offset <= 2), "{t}: nothing committed past the failing message: {during:?}");
-    let committed = consumer.committed(Duration::from_secs(5)).await.expect("committed");
-    assert_eq!(committed, vec![(topic.clone(), 0, 6)], "{t}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_group_subscription_consumes_and_commits() {
     let t = all_backends("kafka_group").await.swap_remove(0);
     create_shipments(&t).await;
@@ -635,20 +572,56 @@ async fn kafka_group_subscription_consumes_and_commits() {
     relay.drain(20).await.expect("relay");
 
     let started = Instant::now();
-    let consumer = KafkaConsumer::connect(
+    let group = unique("kafka-group");
+    let transport = KafkaTransport::connect(
         &m.bootstrap,
-        &unique("kafka-group"),
+        &group,
         Subscription::Topics(vec![topic.clone()]),
         &[("session.timeout.ms", "6000"), ("heartbeat.interval.ms", "500")],
     )
-    .expect("consumer");
-    let consumer = Arc::new(consumer);
-    let seen = Seen::default();
-    let (shutdown, task) = spawn_consumer(consumer.clone(), shipping_handler(t.db.clone(), seen.clone()));
+    .expect("transport");
+    let running = Running::start(shipping(&t.db, &Seen::default(), |_, _| false), transport);
     eventually("8 shipments", Duration::from_secs(30), || async { count_table(&t, "kafka_shipments").await == 8 })
         .await;
     eprintln!("kafka group: joined and consumed 8 messages in {:?}", started.elapsed());
-    stop(shutdown, task).await;
-    let committed = consumer.committed(Duration::from_secs(5)).await.expect("committed");
+    running.stop().await;
+    let committed = committed(&m.bootstrap, &group, &topic, 2).await;
     assert_eq!(committed_total(&committed), 8, "{t}: {committed:?}");
+}
+
+/// One partition, two aggregates: `a` fails at offset 2 while `b`'s later messages are applied; nothing
+/// is committed past offset 2 until `a`'s message is applied, then everything is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_commits_stop_at_a_message_held_for_a_retry() {
+    let t = all_backends("kafka_contiguous").await.swap_remove(0);
+    create_shipments(&t).await;
+    let topic = unique("kafka-contiguous");
+    let m = mock(&[(&topic, 1)]);
+    let events: Vec<NewEvent> = (0..6_i64).map(|i| shipped(if i % 2 == 0 { "a" } else { "b" }, i)).collect();
+    outbox_seaorm::enqueue_all(&t.db, &events).await.expect("enqueue");
+    let relay =
+        Relay::new(SeaOrmStore::new(t.db.clone()), mock_publisher(&m, to(&topic), &[]), fast_config()).expect("relay");
+    relay.drain(20).await.expect("relay");
+
+    // a/2 (offset 2) fails on its first 4 deliveries, about 0.5 s of backoff.
+    let group = unique("kafka-contiguous");
+    let seen = Seen::default();
+    let consumer = shipping(&t.db, &seen, |e, delivery| e.n == 2 && delivery <= 4);
+    let running = Running::start(consumer, mock_transport(&m, &group, &topic, 1));
+    eventually("b applied while a/2 waits", Duration::from_secs(20), || async {
+        seen.all().iter().filter(|(p, _)| p == "b").count() == 3
+    })
+    .await;
+    let during = committed(&m.bootstrap, &group, &topic, 1).await;
+    assert!(during.iter().all(|(_, _, offset)| *offset <= 2), "{t}: committed past the held message: {during:?}");
+    eventually("6 shipments", Duration::from_secs(20), || async { count_table(&t, "kafka_shipments").await == 6 })
+        .await;
+    let stats = running.stop().await;
+    assert!(stats.retried >= 3, "{t}: {stats:?}");
+    let a: Vec<i64> = seen.all().into_iter().filter(|(p, _)| p == "a").map(|(_, n)| n).collect();
+    assert_eq!(a, [0, 2, 4], "{t}: a in order");
+    eventually("everything committed", Duration::from_secs(10), || async {
+        committed(&m.bootstrap, &group, &topic, 1).await == vec![(topic.clone(), 0, 6)]
+    })
+    .await;
 }

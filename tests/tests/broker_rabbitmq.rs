@@ -1,23 +1,23 @@
 //! The RabbitMQ adapter against a real RabbitMQ (127.0.0.1:5672, guest/guest) and real databases: events
 //! go outbox → relay → exchange → queue → consumer → inbox, each applied once, through a broker outage, lost
-//! confirms, unroutable messages and undecodable ones; per-aggregate order holds at the consumer.
+//! confirms and unroutable messages; bad configuration and bad input (control characters in headers, an
+//! oversized payload, invalid dead-letter queue names). What every broker shares (order under retries,
+//! poison messages, replay, newer versions, lost acks) is in `contract_rabbitmq.rs`.
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use common::{CAP, after, count_inbox, count_published, count_table, enqueue_committed, fast_config, outbox_rows};
+use outbox_integration_tests::contract::Running;
 use outbox_integration_tests::proxy::{Proxy, server_available};
 use outbox_integration_tests::{TestDb, all_backends};
-use outbox_seaorm::brokers::rabbitmq::{DEFAULT_ROUTING_KEY, RabbitConsumer, RabbitPublisher, lapin};
+use outbox_seaorm::brokers::rabbitmq::{DEFAULT_ROUTING_KEY, RabbitPublisher, RabbitTransport, lapin};
 use outbox_seaorm::prelude::*;
 use outbox_seaorm::{
-    CancellationToken, Destination, Disposition, Error, MessageHandler, OutboxEvent, PublishError, Publisher,
+    Backoff, Consumer, ConsumerConfig, Destination, Error, OutboxEvent, PublishError, Publisher, Received,
 };
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr};
 use serde::{Deserialize, Serialize};
@@ -52,98 +52,24 @@ fn shipped(parcel: impl Into<String>, n: u64) -> NewEvent {
     ParcelShipped { parcel_id: parcel.into(), n }.to_new_event().expect("valid event")
 }
 
-/// What the consumer's handler saw.
-#[derive(Default)]
-struct Stats {
-    calls: AtomicU64,
-    processed: AtomicU64,
-    duplicates: AtomicU64,
-    parked: AtomicU64,
-    /// `(parcel, n)` of each processed event, in processing order.
-    applied: Mutex<Vec<(String, u64)>>,
-}
-
-impl Stats {
-    fn processed(&self) -> u64 {
-        self.processed.load(Ordering::SeqCst)
-    }
-    fn duplicates(&self) -> u64 {
-        self.duplicates.load(Ordering::SeqCst)
-    }
-    fn calls(&self) -> u64 {
-        self.calls.load(Ordering::SeqCst)
-    }
-    fn parked(&self) -> u64 {
-        self.parked.load(Ordering::SeqCst)
-    }
-}
-
-/// The consumer side of a service: the idempotent handler, with the outcome counted.
-#[derive(Clone)]
-struct Shipping {
-    db: DatabaseConnection,
-    stats: Arc<Stats>,
-}
-
-impl MessageHandler for Shipping {
-    async fn handle(&self, message: OutboxEvent) -> Disposition {
-        self.stats.calls.fetch_add(1, Ordering::SeqCst);
-        let result = ship(&self.db, &message).await;
-        match &result {
-            Ok(InboxOutcome::Processed(n)) => {
-                self.stats.applied.lock().expect("stats lock").push((message.aggregate_id.clone(), *n));
-                self.stats.processed.fetch_add(1, Ordering::SeqCst);
-            }
-            Ok(_) => {
-                self.stats.duplicates.fetch_add(1, Ordering::SeqCst);
-            }
-            Err(_) => {}
-        }
-        let disposition = outbox_seaorm::disposition(&result);
-        if disposition == Disposition::Park {
-            self.stats.parked.fetch_add(1, Ordering::SeqCst);
-        }
-        disposition
-    }
-}
-
-/// A consumer running in the background until [`Running::stop`].
-struct Running {
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<outbox_seaorm::Result<()>>,
-}
-
-impl Running {
-    fn start(consumer: RabbitConsumer, handler: Shipping) -> Running {
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        let task = tokio::spawn(async move { consumer.run(handler, token).await });
-        Running { shutdown, task }
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        let result = tokio::time::timeout(Duration::from_secs(5), self.task)
-            .await
-            .expect("the consumer stops within 5 s of shutdown")
-            .expect("the consumer task does not panic");
-        result.expect("the consumer ends cleanly on shutdown");
-    }
+/// A consumer of `ParcelShipped` named [`CONSUMER`] applying [`ship`], with short retry delays.
+fn shipping(db: &DatabaseConnection) -> Consumer {
+    let db = db.clone();
+    let config = ConsumerConfig::default()
+        .with_backoff(Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200), multiplier: 2 })
+        .with_fetch_wait(Duration::from_millis(200));
+    Consumer::new(CONSUMER).expect("name").with_config(config).expect("config").on::<ParcelShipped>(
+        move |received: Received<ParcelShipped>| {
+            let db = db.clone();
+            async move { ship(&db, &received.envelope).await }
+        },
+    )
 }
 
 /// Waits until `done()` holds, panicking with `what` after `timeout`.
 async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Async variant of [`wait_until`].
-async fn wait_until_async<F: Future<Output = bool>>(what: &str, timeout: Duration, mut done: impl FnMut() -> F) {
-    let start = Instant::now();
-    while !done().await {
         assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting until {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -163,6 +89,8 @@ async fn publisher(url: &str, exchange: &str) -> RabbitPublisher {
 async fn teardown(admin: &RabbitPublisher, exchange: &str, queues: &[&str]) {
     for queue in queues {
         admin.delete_queue(queue).await.unwrap_or_else(|e| panic!("delete queue {queue}: {e}"));
+        // The dead-letter queue a transport declared, if one did.
+        let _ = admin.delete_queue(&format!("{queue}.dead")).await;
     }
     admin.delete_exchange(exchange).await.unwrap_or_else(|e| panic!("delete exchange {exchange}: {e}"));
 }
@@ -231,13 +159,12 @@ async fn every_event_goes_through_rabbitmq_and_is_applied_once() {
         }
         raw.close(200, "OK".into()).await.ok();
 
-        let stats = Arc::new(Stats::default());
-        let consumer = RabbitConsumer::connect(AMQP_URL, &queue, "rmq-round-trip").await.expect("consumer");
-        let running = Running::start(consumer, Shipping { db: t.db.clone(), stats: stats.clone() });
-        wait_until("20 events are processed", Duration::from_secs(10), || stats.processed() >= 20).await;
-        running.stop().await;
+        let transport = RabbitTransport::connect(AMQP_URL, &queue, "rmq-round-trip").await.expect("transport");
+        let running = Running::start(shipping(&t.db), transport);
+        wait_until("20 events are processed", Duration::from_secs(10), || running.stats().processed >= 20).await;
+        let stats = running.stop().await;
 
-        assert_eq!((stats.processed(), stats.duplicates()), (20, 0), "{t}");
+        assert_eq!((stats.processed, stats.duplicates, stats.dead_lettered), (20, 0, 0), "{t}: {stats:?}");
         assert_eq!(count_table(&t, "parcels_shipped").await, 20, "{t}: each event applied once");
         assert_eq!(count_inbox(&t, CONSUMER).await, 20, "{t}");
         let admin = relay.publisher();
@@ -265,16 +192,15 @@ async fn a_broker_outage_loses_nothing_and_publisher_and_consumer_reconnect() {
         .with_confirm_timeout(Duration::from_secs(2))
         .with_connect_timeout(Duration::from_secs(2));
     let relay = Relay::new(SeaOrmStore::new(t.db.clone()), flaky, fast_config()).expect("relay");
-    let stats = Arc::new(Stats::default());
-    let consumer = RabbitConsumer::connect(&via_proxy, &queue, "rmq-outage")
+    let transport = RabbitTransport::connect(&via_proxy, &queue, "rmq-outage")
         .await
-        .expect("consumer")
-        .with_retry_delay(Duration::from_millis(100));
-    let running = Running::start(consumer, Shipping { db: t.db.clone(), stats: stats.clone() });
+        .expect("transport")
+        .with_connect_timeout(Duration::from_secs(2));
+    let running = Running::start(shipping(&t.db), transport);
 
     enqueue_committed(&t, &(0..10).map(|i| shipped(format!("p{i}"), 0)).collect::<Vec<_>>()).await;
     assert_eq!(drain_at(&relay, Utc::now()).await, 10, "{t}: published while the broker is up");
-    wait_until("the first 10 events are processed", Duration::from_secs(10), || stats.processed() >= 10).await;
+    wait_until("the first 10 events are processed", Duration::from_secs(10), || running.stats().processed >= 10).await;
 
     enqueue_committed(&t, &(0..10).map(|i| shipped(format!("p{i}"), 1)).collect::<Vec<_>>()).await;
     proxy.cut();
@@ -295,64 +221,15 @@ async fn a_broker_outage_loses_nothing_and_publisher_and_consumer_reconnect() {
     proxy.restore();
     assert_eq!(drain_at(&relay, after(now, CAP * 3)).await, 10, "{t}: the backlog drains after a reconnect");
     assert_eq!(count_published(&t).await, 20, "{t}");
-    wait_until("the consumer reconnects and processes all 20", Duration::from_secs(10), || stats.processed() >= 20)
-        .await;
-    running.stop().await;
-    assert_eq!(stats.processed(), 20, "{t}");
+    wait_until("the consumer reconnects and processes all 20", Duration::from_secs(20), || {
+        running.stats().processed >= 20
+    })
+    .await;
+    let stats = running.stop().await;
+    assert_eq!(stats.processed, 20, "{t}: {stats:?}");
     assert_eq!(count_table(&t, "parcels_shipped").await, 20, "{t}: every event processed once");
     assert_eq!(admin.message_count(&queue).await.expect("count"), 0, "{t}: everything acked");
     teardown(&admin, &exchange, &[&queue]).await;
-}
-
-/// Asks for a retry the first time it sees each message, then handles it.
-#[derive(Clone)]
-struct RetriesOnce {
-    inner: Shipping,
-    seen: Arc<Mutex<std::collections::HashSet<String>>>,
-}
-
-impl MessageHandler for RetriesOnce {
-    async fn handle(&self, message: OutboxEvent) -> Disposition {
-        if self.seen.lock().expect("lock").insert(message.id.to_string()) {
-            return Disposition::Retry;
-        }
-        self.inner.handle(message).await
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retried_message_is_requeued_and_applied_once() {
-    if !server_available("RabbitMQ", RABBIT).await {
-        return;
-    }
-    let t = sqlite_only("rmq_retry").await;
-    create_effect_table(&t).await;
-    let (exchange, queue) = names("retry");
-    let publisher = publisher(AMQP_URL, &exchange).await;
-    publisher.declare_queue(&exchange, &queue, "parcel.#").await.expect("declare queue");
-    enqueue_committed(&t, &(0..5).map(|i| shipped(format!("p{i}"), 0)).collect::<Vec<_>>()).await;
-    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).expect("relay");
-    assert_eq!(drain_at(&relay, Utc::now()).await, 5, "{t}");
-
-    let stats = Arc::new(Stats::default());
-    let handler = RetriesOnce { inner: Shipping { db: t.db.clone(), stats: stats.clone() }, seen: Arc::default() };
-    let consumer = RabbitConsumer::connect(AMQP_URL, &queue, "rmq-retry")
-        .await
-        .expect("consumer")
-        .with_retry_delay(Duration::from_millis(20));
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { consumer.run(handler, shutdown).await }
-    });
-    wait_until("5 events are processed after one retry each", Duration::from_secs(10), || stats.processed() >= 5).await;
-    shutdown.cancel();
-    task.await.expect("consumer task").expect("clean shutdown");
-    assert_eq!((stats.processed(), stats.duplicates()), (5, 0), "{t}");
-    assert_eq!(count_table(&t, "parcels_shipped").await, 5, "{t}");
-    let publisher = relay.publisher();
-    assert_eq!(publisher.message_count(&queue).await.expect("count"), 0, "{t}");
-    teardown(publisher, &exchange, &[&queue]).await;
 }
 
 /// The real publisher, whose confirms can be "lost on the way back": the broker has the message, the relay
@@ -398,13 +275,16 @@ async fn a_lost_confirm_republishes_and_the_inbox_drops_the_duplicate() {
     let admin = &relay.publisher().inner;
     assert_eq!(admin.message_count(&queue).await.expect("count"), 20, "{t}: RabbitMQ holds every event twice");
 
-    let stats = Arc::new(Stats::default());
-    let consumer = RabbitConsumer::connect(AMQP_URL, &queue, "rmq-lost-ack").await.expect("consumer");
-    let running = Running::start(consumer, Shipping { db: t.db.clone(), stats: stats.clone() });
-    wait_until("20 deliveries are handled", Duration::from_secs(10), || stats.calls() >= 20).await;
-    running.stop().await;
-    assert_eq!(stats.processed(), 10, "{t}: each event applied once");
-    assert_eq!(stats.duplicates(), 10, "{t}: the inbox dropped every second copy");
+    let transport = RabbitTransport::connect(AMQP_URL, &queue, "rmq-lost-ack").await.expect("transport");
+    let running = Running::start(shipping(&t.db), transport);
+    wait_until("20 deliveries are handled", Duration::from_secs(10), || {
+        let stats = running.stats();
+        stats.processed + stats.duplicates >= 20
+    })
+    .await;
+    let stats = running.stop().await;
+    assert_eq!(stats.processed, 10, "{t}: each event applied once: {stats:?}");
+    assert_eq!(stats.duplicates, 10, "{t}: the inbox dropped every second copy: {stats:?}");
     assert_eq!(count_table(&t, "parcels_shipped").await, 10, "{t}");
     assert_eq!(count_inbox(&t, CONSUMER).await, 10, "{t}");
     assert_eq!(admin.message_count(&queue).await.expect("count"), 0, "{t}: duplicates are acked, not requeued");
@@ -452,114 +332,6 @@ async fn an_unroutable_event_stays_pending_until_a_queue_is_bound() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_aggregate_arrives_in_order_at_the_consumer() {
-    if !server_available("RabbitMQ", RABBIT).await {
-        return;
-    }
-    let t = sqlite_only("rmq_order").await;
-    create_effect_table(&t).await;
-    let (exchange, queue) = names("order");
-    let admin = publisher(AMQP_URL, &exchange).await;
-    admin.declare_queue(&exchange, &queue, "parcel.#").await.expect("declare queue");
-    let events: Vec<NewEvent> = (0..20u64).flat_map(|n| (0..50).map(move |p| shipped(format!("p{p:02}"), n))).collect();
-    enqueue_committed(&t, &events).await;
-
-    let stats = Arc::new(Stats::default());
-    let consumer = RabbitConsumer::connect(AMQP_URL, &queue, "rmq-order").await.expect("consumer").with_prefetch(64);
-    let running = Running::start(consumer, Shipping { db: t.db.clone(), stats: stats.clone() });
-    let config = fast_config().with_batch_size(200).with_poll_interval(Duration::from_millis(20));
-    let relay =
-        Relay::new(SeaOrmStore::new(t.db.clone()), publisher(AMQP_URL, &exchange).await, config).expect("relay");
-    let relay_stop = CancellationToken::new();
-    let relay_task = tokio::spawn({
-        let stop = relay_stop.clone();
-        async move { relay.run(stop).await }
-    });
-
-    wait_until("1,000 events are processed", Duration::from_secs(20), || stats.processed() >= 1000).await;
-    relay_stop.cancel();
-    relay_task.await.expect("relay task");
-    running.stop().await;
-
-    let applied = stats.applied.lock().expect("stats lock").clone();
-    assert_eq!(applied.len(), 1000, "{t}");
-    let mut per_parcel: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for (parcel, n) in applied {
-        per_parcel.entry(parcel).or_default().push(n);
-    }
-    assert_eq!(per_parcel.len(), 50, "{t}");
-    for (parcel, ns) in &per_parcel {
-        assert_eq!(ns, &(0..20).collect::<Vec<u64>>(), "{t}: parcel {parcel} applied out of order");
-    }
-    assert_eq!(count_table(&t, "parcels_shipped").await, 1000, "{t}");
-    teardown(&admin, &exchange, &[&queue]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_undecodable_message_is_parked_once_and_later_messages_still_flow() {
-    if !server_available("RabbitMQ", RABBIT).await {
-        return;
-    }
-    let t = sqlite_only("rmq_parked").await;
-    create_effect_table(&t).await;
-    let (exchange, queue) = names("parked");
-    let dead_letters = format!("{queue}-dlq");
-    let publisher = publisher(AMQP_URL, &exchange).await;
-    publisher
-        .declare_queue_with_dead_letters(&exchange, &queue, "parcel.#", &dead_letters)
-        .await
-        .expect("declare queues");
-
-    // First a message from some other producer: raw bytes, no envelope headers.
-    let raw = raw_connection().await;
-    let channel = raw.create_channel().await.expect("channel");
-    channel.confirm_select(lapin::options::ConfirmSelectOptions::default()).await.expect("confirms");
-    channel
-        .basic_publish(
-            exchange.as_str().into(),
-            "parcel.garbage".into(),
-            lapin::options::BasicPublishOptions::default(),
-            b"\xff not an outbox envelope",
-            lapin::BasicProperties::default(),
-        )
-        .await
-        .expect("publish raw")
-        .await
-        .expect("raw message confirmed");
-    raw.close(200, "OK".into()).await.ok();
-
-    // Then valid events, and one whose type the handler does not know (the handler parks it).
-    let mut events: Vec<NewEvent> = (0..3).map(|i| shipped(format!("p{i}"), 0)).collect();
-    let unknown = serde_json::json!({ "parcel_id": "u1", "n": 0 });
-    events.push(NewEvent::new("parcel", "u1", "rmq.parcel.unknown", &unknown).expect("event"));
-    enqueue_committed(&t, &events).await;
-    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).expect("relay");
-    assert_eq!(drain_at(&relay, Utc::now()).await, 4, "{t}");
-
-    let stats = Arc::new(Stats::default());
-    let consumer = RabbitConsumer::connect(AMQP_URL, &queue, "rmq-parked").await.expect("consumer");
-    let running = Running::start(consumer, Shipping { db: t.db.clone(), stats: stats.clone() });
-    wait_until("3 events are processed and 1 parked", Duration::from_secs(10), || {
-        stats.processed() >= 3 && stats.parked() >= 1
-    })
-    .await;
-    let publisher = relay.publisher();
-    wait_until_async("both parked messages reach the dead-letter queue", Duration::from_secs(5), || async {
-        publisher.message_count(&dead_letters).await.expect("count") >= 2
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    running.stop().await;
-
-    assert_eq!(stats.calls(), 4, "{t}: the handler never saw the undecodable message, and nothing looped");
-    assert_eq!(stats.processed(), 3, "{t}");
-    assert_eq!(publisher.message_count(&dead_letters).await.expect("count"), 2, "{t}: parked exactly once each");
-    assert_eq!(publisher.message_count(&queue).await.expect("count"), 0, "{t}: nothing requeued");
-    assert_eq!(count_table(&t, "parcels_shipped").await, 3, "{t}");
-    teardown(publisher, &exchange, &[&queue, &dead_letters]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_urls_are_typed_errors_and_an_oversized_routing_key_is_a_dead_row() {
     if !server_available("RabbitMQ", RABBIT).await {
         return;
@@ -575,7 +347,7 @@ async fn bad_urls_are_typed_errors_and_an_oversized_routing_key_is_a_dead_row() 
     ] {
         let err = RabbitPublisher::connect(url, "x", key()).await.expect_err(url);
         assert!(matches!(err, Error::InvalidConfig { field: "broker_url", .. }), "{url}: {err}");
-        let err = RabbitConsumer::connect(url, "q", "c").await.expect_err(url);
+        let err = RabbitTransport::connect(url, "q", "c").await.expect_err(url);
         assert!(matches!(err, Error::InvalidConfig { field: "broker_url", .. }), "{url}: {err}");
     }
     let long_exchange = "x".repeat(256);
@@ -586,8 +358,22 @@ async fn bad_urls_are_typed_errors_and_an_oversized_routing_key_is_a_dead_row() 
     assert!(!err.to_string().contains("wrong"), "the password is not echoed: {err}");
     let err = RabbitPublisher::connect("amqp://guest:guest@127.0.0.1:1/%2f", "", key()).await.expect_err("closed port");
     assert!(matches!(err, Error::Broker { broker: "RabbitMQ", .. }), "{err}");
-    let err = RabbitConsumer::connect(AMQP_URL, "rmq-test-no-such-queue", "c").await.expect_err("missing queue");
+    let err = RabbitTransport::connect(AMQP_URL, "rmq-test-no-such-queue", "c").await.expect_err("missing queue");
     assert!(matches!(err, Error::Broker { .. }) && err.to_string().contains("no-such-queue"), "{err}");
+    let err = RabbitTransport::connect("amqp://guest:wrong@127.0.0.1:5672/%2f", "q", "c").await.expect_err("login");
+    assert!(matches!(err, Error::Broker { broker: "RabbitMQ", .. }) && !err.to_string().contains("wrong"), "{err}");
+
+    // Dead-letter queue names RabbitMQ would refuse, or that would loop, are refused before connecting.
+    let long = "d".repeat(256);
+    for (dead, why) in
+        [("", "is empty"), ("q", "itself"), ("amq.dead", "amq."), ("a\nb", "control"), (&long[..], "255")]
+    {
+        let err = RabbitTransport::connect_with_dead_letter_queue(AMQP_URL, "q", "c", dead).await.expect_err(dead);
+        assert!(matches!(err, Error::InvalidConfig { field: "dead_letter_queue", .. }), "{dead:?}: {err}");
+        assert!(err.to_string().contains(why), "{dead:?}: {err}");
+    }
+    let err = RabbitTransport::connect(AMQP_URL, &"q".repeat(252), "c").await.expect_err("default name too long");
+    assert!(matches!(err, Error::InvalidConfig { field: "dead_letter_queue", .. }), "{err}");
 
     // A routing key over 255 bytes: that row is dead with a clear reason; its batch-mate is published.
     let t = sqlite_only("rmq_bad_input").await;
@@ -610,5 +396,116 @@ async fn bad_urls_are_typed_errors_and_an_oversized_routing_key_is_a_dead_row() 
     assert!(error.contains("routing key is 257 bytes") && error.contains("255"), "{t}: {error}");
     let publisher = relay.publisher();
     assert_eq!(publisher.message_count(&queue).await.expect("count"), 1, "{t}");
+    teardown(publisher, &exchange, &[&queue]).await;
+}
+
+/// An envelope of `ParcelShipped` as the relay would publish it, with `payload`.
+fn envelope(parcel: &str, payload: String) -> Vec<(String, String)> {
+    let event = OutboxEvent {
+        seq: 1,
+        aggregate_version: 1,
+        id: outbox_seaorm::EventId::new(),
+        aggregate_type: "parcel".into(),
+        aggregate_id: parcel.into(),
+        event_type: "rmq.parcel.shipped".into(),
+        schema_version: 1,
+        payload,
+        headers: Default::default(),
+        created_at: Utc::now(),
+        attempts: 0,
+        last_error: None,
+    };
+    outbox_seaorm::broker::envelope_headers(&event)
+}
+
+async fn publish_raw(exchange: &str, headers: &[(String, String)], payload: &[u8]) {
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+    let raw = raw_connection().await;
+    let channel = raw.create_channel().await.expect("channel");
+    channel.confirm_select(lapin::options::ConfirmSelectOptions::default()).await.expect("confirms");
+    let mut table = FieldTable::default();
+    for (name, value) in headers {
+        table.insert(name.as_str().into(), AMQPValue::LongString(LongString::from(value.as_str())));
+    }
+    let options = lapin::options::BasicPublishOptions { mandatory: true, immediate: false };
+    let properties = lapin::BasicProperties::default().with_headers(table);
+    let confirm = channel
+        .basic_publish(exchange.into(), "parcel.raw".into(), options, payload, properties)
+        .await
+        .expect("publish raw")
+        .await
+        .expect("confirm");
+    assert!(matches!(confirm, lapin::Confirmation::Ack(None)), "{confirm:?}");
+    raw.close(200, "OK".into()).await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_messages_are_dead_lettered_with_their_original_headers_and_the_next_one_flows() {
+    if !server_available("RabbitMQ", RABBIT).await {
+        return;
+    }
+    let t = sqlite_only("rmq_bad_messages").await;
+    create_effect_table(&t).await;
+    let (exchange, queue) = names("bad-messages");
+    let publisher = publisher(AMQP_URL, &exchange).await;
+    publisher.declare_queue(&exchange, &queue, "parcel.#").await.expect("declare queue");
+
+    // A valid envelope with control characters in a header (log forging, header injection), and a valid
+    // envelope with a payload over the consumer's limit; then a good event.
+    let forged = "line one\nline two \u{1b}[31m red";
+    let mut headers = envelope("p1", r#"{"parcel_id":"p1","n":0}"#.to_owned());
+    headers.push(("note".to_owned(), forged.to_owned()));
+    publish_raw(&exchange, &headers, br#"{"parcel_id":"p1","n":0}"#).await;
+    let big = format!(r#"{{"parcel_id":"p2","n":0,"pad":"{}"}}"#, "x".repeat(2_000));
+    publish_raw(&exchange, &envelope("p2", big.clone()), big.as_bytes()).await;
+    enqueue_committed(&t, &[shipped("p3", 0)]).await;
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).expect("relay");
+    assert_eq!(drain_at(&relay, Utc::now()).await, 1, "{t}");
+
+    let mut consumer = shipping(&t.db);
+    let mut config = consumer.config().clone();
+    config.max_payload_bytes = 1_000;
+    consumer = consumer.with_config(config).expect("config");
+    let transport = RabbitTransport::connect(AMQP_URL, &queue, "rmq-bad-messages").await.expect("transport");
+    let running = Running::start(consumer, transport);
+    wait_until("1 applied and 2 dead-lettered", Duration::from_secs(10), || {
+        let stats = running.stats();
+        stats.processed >= 1 && stats.dead_lettered >= 2
+    })
+    .await;
+    let stats = running.stop().await;
+    assert_eq!((stats.processed, stats.dead_lettered, stats.retried), (1, 2, 0), "{t}: {stats:?}");
+    assert_eq!(count_table(&t, "parcels_shipped").await, 1, "{t}");
+
+    let raw = raw_connection().await;
+    let channel = raw.create_channel().await.expect("channel");
+    let dead_queue = format!("{queue}.dead");
+    let mut dead = Vec::new();
+    while let Some(got) = channel
+        .basic_get(dead_queue.as_str().into(), lapin::options::BasicGetOptions { no_ack: true })
+        .await
+        .expect("basic.get")
+    {
+        dead.push(got.delivery);
+    }
+    raw.close(200, "OK".into()).await.ok();
+    assert_eq!(dead.len(), 2, "{t}");
+    let header = |d: &lapin::message::Delivery, name: &str| -> Option<String> {
+        match d.properties.headers().as_ref()?.inner().get(name)? {
+            lapin::types::AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+            _ => None,
+        }
+    };
+    let forged_letter = dead.iter().find(|d| header(d, "note").is_some()).expect("the forged message is dead");
+    assert_eq!(header(forged_letter, "note").as_deref(), Some(forged), "{t}: the original header is kept as it was");
+    let reason = header(forged_letter, "outbox_dead_reason").unwrap_or_default();
+    assert!(reason.contains("control characters") && !reason.chars().any(char::is_control), "{t}: {reason:?}");
+    assert_eq!(header(forged_letter, "outbox_dead_origin").as_deref(), Some(&*format!("{exchange}/parcel.raw")));
+    let big_letter = dead.iter().find(|d| header(d, "note").is_none()).expect("the big message is dead");
+    assert_eq!(big_letter.data, big.as_bytes(), "{t}: the payload is kept");
+    let reason = header(big_letter, "outbox_dead_reason").unwrap_or_default();
+    assert!(reason.contains("max_payload_bytes"), "{t}: {reason}");
+    let publisher = relay.publisher();
+    assert_eq!(publisher.message_count(&queue).await.expect("count"), 0, "{t}: everything settled");
     teardown(publisher, &exchange, &[&queue]).await;
 }
