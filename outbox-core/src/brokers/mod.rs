@@ -7,10 +7,10 @@
 //!
 //! | feature | URL | publisher | consumer |
 //! |---|---|---|---|
-//! | `nats` | `nats://host:4222` | `nats::NatsPublisher` | `nats::NatsConsumer` |
+//! | `nats` | `nats://host:4222` | `nats::NatsPublisher` | `nats::NatsTransport` |
 //! | `kafka` | `kafka://host:9092` | `kafka::KafkaPublisher` | `kafka::KafkaConsumer` |
 //! | `rabbitmq` | `amqp://user:pass@host:5672/%2f` | `rabbitmq::RabbitPublisher` | `rabbitmq::RabbitConsumer` |
-//! | `redis` | `redis://host:6379` | `redis::RedisPublisher` | `redis::RedisConsumer` |
+//! | `redis` | `redis://host:6379` | `redis::RedisPublisher` | `redis::RedisTransport` |
 
 #[cfg(feature = "kafka")]
 pub mod kafka;
