@@ -166,12 +166,15 @@ pub struct NatsTransportOptions {
     pub dead_letter_subject: Option<String>,
     /// How long an ack, a dead-letter publish or a replay step waits for the server (default 5 s).
     pub request_timeout: Duration,
-    /// After a reconnect (and at start), when the server counts more unacknowledged deliveries than this
-    /// transport holds, pause fetching for `ack_wait` so those deliveries (lost in flight, or left by a
-    /// consumer that died) come back, ahead of newer messages, before anything newer is read (default
-    /// `true`). This keeps per-aggregate order across a lost connection or a restart for one consumer
-    /// process per durable; with several processes sharing a durable, order does not hold anyway and the
-    /// pause only slows a start, so turn it off there.
+    /// At start, after a reconnect and after a failed fetch, when the server counts more unacknowledged
+    /// deliveries than this transport holds (messages lost in flight, or left by a process that stopped
+    /// without releasing them), hand out only redeliveries and keep new messages back until those
+    /// deliveries are back or `ack_wait` has passed (default `true`). JetStream redelivers them after
+    /// `ack_wait`, ahead of newer messages, so this keeps per-aggregate order across a lost connection or
+    /// a crash, with one process per durable. Messages released at a clean shutdown are redelivered at
+    /// once and cost nothing. With several processes sharing a durable the count includes the others'
+    /// messages, so every start and reconnect would hold new messages back for `ack_wait`: turn it off
+    /// there (order does not hold across processes anyway).
     pub wait_for_lost_deliveries: bool,
 }
 

@@ -59,8 +59,8 @@
 //!
 //! **Held messages stay alive.** Every message the transport handed out and that is not acked or released
 //! yet (running, waiting for a retry, or queued behind an earlier message of its aggregate) gets a
-//! progress ack at least every third of `ack_wait`, from a task of the transport, so the server does not
-//! redeliver it while the driver holds it. If progress acks cannot reach the server for longer than
+//! progress ack about every third of `ack_wait` (never more than half of it apart), from a task of the
+//! transport, so the server does not redeliver it while the driver holds it. If progress acks cannot reach the server for longer than
 //! `ack_wait` (an outage), the server redelivers the messages; the copies queue behind the originals and
 //! the inbox absorbs them.
 //!
@@ -91,12 +91,13 @@
 //!   alive, see above), and acks are per message (explicit), so an ack never covers an earlier message.
 //! - Across a shutdown: released messages are nak'ed in order and redelivered first.
 //! - Across a lost connection or a restart after a crash: messages delivered but never received (lost in
-//!   flight) or left unacknowledged by the previous process come back only after `ack_wait`. With
-//!   [`NatsTransportOptions::wait_for_lost_deliveries`] (default on), the transport compares the server's
-//!   unacknowledged count with what it holds, at start and after every reconnect or failed fetch, and
-//!   pauses fetching for `ack_wait` when the server has more: JetStream redelivers expired messages ahead
-//!   of newer ones, so they are applied first. Acks that failed during the outage also count, so an outage
-//!   usually costs one pause of `ack_wait`.
+//!   flight) or left unacknowledged by the previous process come back only after `ack_wait`, and then
+//!   ahead of newer messages. With [`NatsTransportOptions::wait_for_lost_deliveries`] (default on), the
+//!   transport compares the server's unacknowledged count with what it holds, at start and after every
+//!   reconnect or failed fetch; while the server has more, it hands out only redeliveries and keeps new
+//!   messages back (kept alive) until the missing ones are back or `ack_wait` has passed. After a clean
+//!   shutdown (messages released) this costs nothing; after a crash or an outage it costs up to
+//!   `ack_wait` (acks that failed during an outage count too: those messages come back as duplicates).
 //!
 //! What does not hold:
 //! - **Several processes on one durable** share its messages without regard to aggregates: two events
@@ -113,6 +114,7 @@
 mod config;
 mod headers;
 mod publisher;
+mod recovery;
 mod replay;
 mod transport;
 

@@ -23,9 +23,7 @@ use super::config::{
     subject_problem,
 };
 use super::headers::{CONTROL_HEADER_PREFIX, header_block_len, header_map, headers_of};
-
-/// How long after `ack_wait` a paused transport waits on top, for the server's redelivery timer.
-const REDELIVERY_MARGIN: Duration = Duration::from_millis(500);
+use super::recovery::Recovery;
 
 /// What identifies a delivered message to [`NatsTransport`]: its ack subject and stream sequence.
 #[derive(Clone, Debug)]
@@ -55,17 +53,7 @@ struct Shared {
     next_key: AtomicU64,
 }
 
-/// When to check the server for deliveries this transport never received.
-struct LossGuard {
-    /// The client's connect count at the last check.
-    connects: u64,
-    /// A fetch failed or timed out: something may have been delivered and lost.
-    suspect: bool,
-    /// Fetching is paused until then, for lost deliveries to come back first.
-    paused_until: Option<Instant>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -82,7 +70,7 @@ pub struct NatsTransport {
     ack_wait: Duration,
     pub(super) options: NatsTransportOptions,
     shared: Arc<Shared>,
-    guard: Mutex<LossGuard>,
+    pub(super) recovery: Mutex<Recovery>,
     _keeper: DropGuard,
 }
 
@@ -243,7 +231,7 @@ impl NatsTransport {
             ack_wait,
             options,
             shared,
-            guard: Mutex::new(LossGuard { connects, suspect: true, paused_until: None }),
+            recovery: Mutex::new(Recovery::new(connects)),
             _keeper: stop.drop_guard(),
         })
     }
@@ -296,50 +284,57 @@ impl NatsTransport {
         lock(&self.shared.held).remove(&receipt.key);
     }
 
-    fn suspect(&self) {
-        lock(&self.guard).suspect = true;
+    /// How many messages the transport holds (handed to the driver, or stashed) and has not acked or
+    /// released.
+    pub(super) fn held(&self) -> usize {
+        lock(&self.shared.held).len()
     }
 
-    /// How long to pause fetching, when deliveries this transport never received are unacknowledged
-    /// at the server (see [`NatsTransportOptions::wait_for_lost_deliveries`]).
-    async fn lost_deliveries_pause(&self) -> Result<Option<Duration>> {
-        if !self.options.wait_for_lost_deliveries {
-            return Ok(None);
-        }
-        let connects = self.shared.client.statistics().connects.load(Ordering::Relaxed);
-        {
-            let mut guard = lock(&self.guard);
-            let now = Instant::now();
-            match guard.paused_until {
-                Some(until) if now < until => return Ok(Some(until - now)),
-                Some(_) => guard.paused_until = None,
-                None => {}
+    pub(super) fn client(&self) -> &Client {
+        &self.shared.client
+    }
+
+    /// One pull request for up to `max` messages that expires after `wait`.
+    async fn pull(&self, max: usize, wait: Duration) -> Result<Vec<Delivery<NatsReceipt>>> {
+        let wait = wait.max(Duration::from_millis(10));
+        let request = self.consumer.fetch().max_messages(max.max(1)).expires(wait).messages();
+        let mut batch = match tokio::time::timeout(self.options.request_timeout, request).await {
+            Ok(Ok(batch)) => batch,
+            Ok(Err(error)) => {
+                self.suspect();
+                return Err(Error::broker(BROKER, format!("fetch from stream {:?}", self.stream), error));
             }
-            if !guard.suspect && guard.connects == connects {
-                return Ok(None);
+            Err(_) => {
+                self.suspect();
+                return Err(Error::broker(BROKER, format!("fetch from stream {:?}", self.stream), "timed out"));
+            }
+        };
+        // The client ends a request 5 s after it expired; end it a little before, noting the loss.
+        let deadline = Instant::now() + wait + Duration::from_secs(4);
+        let mut out = Vec::new();
+        loop {
+            match tokio::time::timeout_at(deadline, batch.next()).await {
+                Ok(None) => break,
+                Ok(Some(Ok(message))) => out.extend(self.delivery(message)),
+                Ok(Some(Err(error))) => {
+                    self.suspect();
+                    if out.is_empty() {
+                        return Err(Error::broker(BROKER, format!("fetch from stream {:?}", self.stream), error));
+                    }
+                    tracing::warn!(%error, received = out.len(), "a NATS fetch ended with an error");
+                    break;
+                }
+                Err(_) => {
+                    self.suspect();
+                    tracing::warn!(
+                        received = out.len(),
+                        "a NATS fetch did not end in time; checking for lost deliveries"
+                    );
+                    break;
+                }
             }
         }
-        let info = tokio::time::timeout(self.options.request_timeout, self.info())
-            .await
-            .map_err(|_| Error::broker(BROKER, format!("read consumer {:?}", self.durable), "timed out"))??;
-        let held = lock(&self.shared.held).len();
-        let mut guard = lock(&self.guard);
-        guard.suspect = false;
-        guard.connects = connects;
-        if info.num_ack_pending > held {
-            let pause = self.ack_wait + REDELIVERY_MARGIN;
-            guard.paused_until = Some(Instant::now() + pause);
-            tracing::warn!(
-                messaging.system = "nats",
-                consumer = %self.durable,
-                unacknowledged = info.num_ack_pending,
-                held,
-                ?pause,
-                "the server has unacknowledged deliveries this transport does not hold (lost in flight, or left by a consumer that stopped): pausing fetches so they are redelivered before newer messages"
-            );
-            return Ok(Some(pause));
-        }
-        Ok(None)
+        Ok(out)
     }
 
     /// The delivery of one fetched message, now held.
@@ -430,51 +425,20 @@ impl Transport for NatsTransport {
     }
 
     /// One pull request for up to `max` messages that expires after `wait`: the server answers at once
-    /// with what is ready, or with the first message to arrive, or with nothing after `wait`.
+    /// with what is ready, or with the first message to arrive, or with nothing after `wait`. While
+    /// recovering lost deliveries (see [`NatsTransportOptions::wait_for_lost_deliveries`]), only
+    /// redeliveries are handed out and new messages wait.
     async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery<NatsReceipt>>> {
-        if let Some(pause) = self.lost_deliveries_pause().await? {
-            tokio::time::sleep(pause.min(wait)).await;
-            return Ok(Vec::new());
+        if !self.recovering().await? {
+            let stashed = self.take_stash(max);
+            if !stashed.is_empty() {
+                return Ok(stashed);
+            }
+            return self.pull(max, wait).await;
         }
-        let wait = wait.max(Duration::from_millis(10));
-        let request = self.consumer.fetch().max_messages(max.max(1)).expires(wait).messages();
-        let mut batch = match tokio::time::timeout(self.options.request_timeout, request).await {
-            Ok(Ok(batch)) => batch,
-            Ok(Err(error)) => {
-                self.suspect();
-                return Err(Error::broker(BROKER, format!("fetch from stream {:?}", self.stream), error));
-            }
-            Err(_) => {
-                self.suspect();
-                return Err(Error::broker(BROKER, format!("fetch from stream {:?}", self.stream), "timed out"));
-            }
-        };
-        // The client ends a request 5 s after it expired; end it a little before, noting the loss.
-        let deadline = Instant::now() + wait + Duration::from_secs(4);
-        let mut out = Vec::new();
-        loop {
-            match tokio::time::timeout_at(deadline, batch.next()).await {
-                Ok(None) => break,
-                Ok(Some(Ok(message))) => out.extend(self.delivery(message)),
-                Ok(Some(Err(error))) => {
-                    self.suspect();
-                    if out.is_empty() {
-                        return Err(Error::broker(BROKER, format!("fetch from stream {:?}", self.stream), error));
-                    }
-                    tracing::warn!(%error, received = out.len(), "a NATS fetch ended with an error");
-                    break;
-                }
-                Err(_) => {
-                    self.suspect();
-                    tracing::warn!(
-                        received = out.len(),
-                        "a NATS fetch did not end in time; checking for lost deliveries"
-                    );
-                    break;
-                }
-            }
-        }
-        Ok(out)
+        let max = if self.stashed() { 1 } else { max };
+        let batch = self.pull(max, wait).await?;
+        Ok(self.sort_recovered(batch))
     }
 
     /// `+ACK`, as a request: `Ok` once the server confirmed it.

@@ -52,8 +52,8 @@
 //!
 //! **Held entries stay alive.** Every entry the transport handed out and that is not acked or released
 //! yet (running, waiting for a retry, or queued behind an earlier entry of its aggregate) has its idle time
-//! reset at least every third of `min_idle`, by a task of the transport, so no other consumer claims it
-//! while the driver holds it. An entry Redis delivered but whose reply was lost (connection cut) is in
+//! reset about every third of `min_idle` (never more than half of it apart), by a task of the transport,
+//! so no other consumer claims it while the driver holds it. An entry Redis delivered but whose reply was lost (connection cut) is in
 //! this consumer's pending list: after any failed command the transport reads that list again before
 //! anything new, so it is not skipped.
 //!

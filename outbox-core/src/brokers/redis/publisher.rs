@@ -1,5 +1,7 @@
 //! [`RedisPublisher`]: one pipelined round trip of `XADD`s per batch, each reported on its own.
 
+use std::sync::Arc;
+
 use ::redis::{Cmd, Value};
 
 use crate::broker::{Destination, envelope_headers};
@@ -11,10 +13,19 @@ use super::BROKER;
 use super::config::{PAYLOAD_FIELD, RedisPublisherConfig, check_stream_key, millis};
 use super::link::Link;
 
-/// permanently; everything else (connection lost, timeout, out of memory, read-only replica) fails
+/// Publishes events to Redis Streams with `XADD`, one pipelined round trip per batch.
+///
+/// Reports an event `Ok` only once Redis answered its `XADD` with the new entry id. A payload over
+/// [`RedisPublisherConfig::max_payload_bytes`], a stream key that is empty or longer than
+/// [`MAX_STREAM_KEY_LEN`](super::MAX_STREAM_KEY_LEN), or a key that holds something other than a stream
+/// (`WRONGTYPE`) fails permanently; everything else (connection lost, timeout, out of memory, read-only
+/// replica) fails
 /// transiently and the relay retries it.
+///
+/// Cheap to clone (clones share the connection).
+#[derive(Clone)]
 pub struct RedisPublisher {
-    link: Link,
+    link: Arc<Link>,
     destination: Destination,
     config: RedisPublisherConfig,
 }
@@ -45,7 +56,7 @@ impl RedisPublisher {
         config.validate()?;
         let link = Link::new(url, config.connect_timeout, config.response_timeout)?;
         link.get().await.map_err(|e| Error::broker(BROKER, format!("connect to {}", link.url), e))?;
-        Ok(RedisPublisher { link, destination, config })
+        Ok(RedisPublisher { link: Arc::new(link), destination, config })
     }
 
     /// The stream key template.
@@ -187,7 +198,11 @@ mod tests {
 
     fn publisher(config: RedisPublisherConfig) -> RedisPublisher {
         let link = Link::new("redis://127.0.0.1:6379", config.connect_timeout, config.response_timeout).unwrap();
-        RedisPublisher { link, destination: Destination::parse("outbox:{aggregate_type}").unwrap(), config }
+        RedisPublisher {
+            link: Arc::new(link),
+            destination: Destination::parse("outbox:{aggregate_type}").unwrap(),
+            config,
+        }
     }
 
     fn event() -> OutboxEvent {
