@@ -116,3 +116,23 @@ impl NatsTransport {
         out
     }
 }
+
+impl Drop for NatsTransport {
+    /// Hands stashed messages back (`-NAK`), so they are redelivered at once rather than after `ack_wait`.
+    fn drop(&mut self) {
+        let stash: Vec<_> = lock(&self.recovery).stash.drain(..).map(|delivery| delivery.receipt).collect();
+        if stash.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let client = self.client().clone();
+        runtime.spawn(async move {
+            for receipt in stash {
+                if client.publish(receipt.reply().clone(), "-NAK".into()).await.is_err() {
+                    return;
+                }
+            }
+            let _ = client.flush().await;
+        });
+    }
+}

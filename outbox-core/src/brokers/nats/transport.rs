@@ -38,6 +38,10 @@ impl NatsReceipt {
     pub fn stream_sequence(&self) -> u64 {
         self.stream_sequence
     }
+
+    pub(super) fn reply(&self) -> &Subject {
+        &self.reply
+    }
 }
 
 /// A message the transport handed to the driver and that is not acked or released yet.

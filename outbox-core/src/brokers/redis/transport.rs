@@ -17,6 +17,9 @@ use super::config::{PAYLOAD_FIELD, RedisTransportConfig, check_stream_key, dead_
 use super::entry::{Entry, Fields, parse_autoclaim_reply, parse_pending_reply, parse_read_reply, split_entry};
 use super::link::Link;
 
+/// Most pages of this consumer's own pending entries one fetch reads.
+const OWN_PAGES_PER_FETCH: usize = 16;
+
 /// Most ids in one `XCLAIM` of the keep-alive task.
 const CLAIM_CHUNK: usize = 256;
 
@@ -198,12 +201,10 @@ impl RedisTransport {
         &self.shared.commands
     }
 
-    /// Reads this consumer's own pending entries first on the next fetch.
+    /// Reads this consumer's own pending entries first on the next fetch, from the start (entries held
+    /// already are skipped).
     fn reread_own(&self) {
-        let mut read = lock(&self.read);
-        if read.own.is_none() {
-            read.own = Some("0-0".to_owned());
-        }
+        lock(&self.read).own = Some("0-0".to_owned());
     }
 
     fn redis_error(&self, operation: &str, error: RedisError) -> Error {
@@ -298,7 +299,8 @@ impl RedisTransport {
 
     /// The deliveries of `entries`, now held: delivery counts from `XPENDING` when `counted` (a re-read
     /// or a claim), 1 for new entries. Entries already held are skipped; entries deleted while pending are
-    /// acked; entries that cannot be headers are dead-lettered here.
+    /// acked; entries that cannot be headers are dead-lettered here. An entry whose ack or dead letter
+    /// failed stays pending, not held, and is read again from the pending list on the next fetch.
     async fn deliveries(&self, entries: Vec<Entry>, counted: bool) -> Result<Vec<Delivery<RedisReceipt>>> {
         let held: HashSet<String> = lock(&self.shared.held).keys().cloned().collect();
         let entries: Vec<Entry> = entries.into_iter().filter(|e| !held.contains(&e.id)).collect();
@@ -319,18 +321,21 @@ impl RedisTransport {
                 Fields::Present(fields) => fields,
                 Fields::Deleted => {
                     tracing::warn!(messaging.message.id = %entry.id, "a pending entry was deleted (trimmed) before it was handled; acked");
-                    self.xack(&entry.id).await?;
+                    if let Err(error) = self.xack(&entry.id).await {
+                        tracing::warn!(%error, "ack of a deleted entry failed; it is read again");
+                        self.reread_own();
+                    }
                     continue;
                 }
                 Fields::Malformed(reason) => {
-                    self.dead_letter_raw(&entry.id, &[], &reason, deliveries).await?;
+                    self.dead_letter_raw(&entry.id, &[], &reason, deliveries).await;
                     continue;
                 }
             };
             let split = match split_entry(&fields) {
                 Ok(split) => split,
                 Err(reason) => {
-                    self.dead_letter_raw(&entry.id, &fields, &reason, deliveries).await?;
+                    self.dead_letter_raw(&entry.id, &fields, &reason, deliveries).await;
                     continue;
                 }
             };
@@ -368,8 +373,9 @@ impl RedisTransport {
     }
 
     /// The dead letter of an entry the driver never sees (fields that cannot be headers): its raw fields,
-    /// then the dead-letter fields; acked once appended.
-    async fn dead_letter_raw(&self, id: &str, raw: &[(Vec<u8>, Vec<u8>)], reason: &str, attempts: u32) -> Result<()> {
+    /// then the dead-letter fields; acked once appended. On a failure the entry stays pending and is read
+    /// again from the pending list on the next fetch.
+    async fn dead_letter_raw(&self, id: &str, raw: &[(Vec<u8>, Vec<u8>)], reason: &str, attempts: u32) {
         let letter = DeadLetter {
             reason: format!("the stream entry cannot be read as an outbox message: {reason}"),
             attempts,
@@ -380,12 +386,19 @@ impl RedisTransport {
             raw.iter().filter(|(name, _)| !name.starts_with(dead_header::PREFIX.as_bytes())).cloned().collect();
         fields.extend(letter.headers(&BTreeMap::new()).into_iter().map(|(k, v)| (k.into_bytes(), v.into_bytes())));
         fields.extend(self.dead_fields(id));
-        if let Err(error) = self.append_dead(id, fields).await {
-            self.reread_own();
-            return Err(error);
+        let outcome = match self.append_dead(id, fields).await {
+            Ok(()) => self.xack(id).await,
+            Err(error) => Err(error),
+        };
+        match outcome {
+            Ok(()) => {
+                tracing::warn!(messaging.message.id = %id, dead_letter_stream = %self.dead_stream, reason = %one_line(reason), "entry dead-lettered")
+            }
+            Err(error) => {
+                tracing::warn!(%error, messaging.message.id = %id, "dead letter of an unreadable entry failed; it is read again");
+                self.reread_own();
+            }
         }
-        tracing::warn!(messaging.message.id = %id, dead_letter_stream = %self.dead_stream, reason = %one_line(reason), "entry dead-lettered");
-        self.xack(id).await
     }
 
     fn dead_fields(&self, id: &str) -> [(Vec<u8>, Vec<u8>); 2] {
@@ -456,7 +469,7 @@ impl Transport for RedisTransport {
     /// (`XREADGROUP >` with `BLOCK`).
     async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery<RedisReceipt>>> {
         let max = max.max(1);
-        loop {
+        for _ in 0..OWN_PAGES_PER_FETCH {
             let own = lock(&self.read).own.clone();
             let Some(after) = own else { break };
             let Some(entries) = self.read_own(&after, max).await? else { break };
@@ -464,6 +477,10 @@ impl Transport for RedisTransport {
             if !out.is_empty() {
                 return Ok(out);
             }
+        }
+        if lock(&self.read).own.is_some() {
+            // The pending list is not read through (an entry there keeps failing): nothing newer yet.
+            return Ok(Vec::new());
         }
         let claimed = self.reclaim(max).await?;
         if !claimed.is_empty() {
