@@ -1,25 +1,30 @@
-//! The NATS JetStream adapter against a real nats-server (127.0.0.1:4222, JetStream on): events cross from
-//! the outbox through JetStream to an `#[idempotent_handler]` exactly once, survive an unreachable broker
-//! and a lost publish ack, keep per-aggregate order, and bad input ends as a typed error or a dead row,
-//! never a panic or a redelivery loop.
+//! The NATS JetStream adapter against a real nats-server (127.0.0.1:4222, JetStream on), beyond the
+//! contract suite (`contract_nats.rs`): the publisher through an unreachable broker and a lost publish
+//! ack, acks only after the commit, the order after a consumer crashed holding messages, and bad input
+//! and bad settings ending as typed errors or dead letters, never a panic or a redelivery loop.
 //!
-//! Each test uses its own stream and subject prefix (uuid suffix) and deletes the stream at the end.
+//! Each test uses its own stream and subject prefix (uuid suffix) and deletes them at the end.
 
 mod common;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{CAP, after, count_inbox, count_published, count_table, fast_config, outbox_row, outbox_rows};
+use outbox_integration_tests::contract::{Running, case_db, counting_consumer, eventually};
 use outbox_integration_tests::proxy::{Proxy, server_available};
 use outbox_integration_tests::{TestDb, all_backends};
 use outbox_seaorm::brokers::nats::async_nats::connection::State;
+use outbox_seaorm::brokers::nats::async_nats::jetstream::consumer::{self, AckPolicy};
 use outbox_seaorm::brokers::nats::async_nats::jetstream::message::PublishMessage;
-use outbox_seaorm::brokers::nats::{NatsConsumer, NatsConsumerOptions, NatsPublisher};
+use outbox_seaorm::brokers::nats::async_nats::jetstream::stream::RawMessageErrorKind;
+use outbox_seaorm::brokers::nats::async_nats::{HeaderMap, HeaderValue};
+use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport, NatsTransportOptions};
 use outbox_seaorm::prelude::*;
 use outbox_seaorm::{
-    CancellationToken, Destination, Disposition, Error, OutboxEvent, PublishError, Publisher, RelayPass,
+    Consumer, ConsumerConfig, Destination, Error, EventId, OutboxEvent, PublishError, Publisher, Received, RelayPass,
+    Transport,
 };
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
 use serde::{Deserialize, Serialize};
@@ -50,6 +55,17 @@ async fn create_effects_table(t: &TestDb) {
     t.db.execute_unprepared(sql).await.unwrap_or_else(|e| panic!("{t}: {sql}: {e}"));
 }
 
+/// A consumer running `count_item` on every `ItemCounted`.
+fn counting(t: &TestDb) -> Consumer {
+    let db = t.db.clone();
+    let handler = move |received: Received<ItemCounted>| {
+        let db = db.clone();
+        async move { count_item(&db, &received.envelope).await }
+    };
+    let config = ConsumerConfig::default().with_fetch_wait(Duration::from_millis(300));
+    Consumer::new(CONSUMER).expect("name").with_config(config).expect("config").on::<ItemCounted>(handler)
+}
+
 fn item_event(item: &str, n: u64) -> NewEvent {
     ItemCounted { item: item.to_owned(), n }.to_new_event().expect("valid event")
 }
@@ -65,6 +81,11 @@ async fn enqueue_committed(t: &TestDb, events: &[NewEvent]) {
     }
 }
 
+/// Short `ack_wait`, so redeliveries come within the test's time.
+fn options() -> NatsTransportOptions {
+    NatsTransportOptions::default().with_ack_wait(Duration::from_secs(2))
+}
+
 /// A stream and subject prefix of this test only, and a publisher connected to `url`.
 struct Setup {
     publisher: NatsPublisher,
@@ -75,8 +96,8 @@ struct Setup {
 impl Setup {
     async fn new(tag: &str, url: &str) -> Setup {
         let suffix = uuid::Uuid::new_v4().simple().to_string();
-        let stream = format!("OUTBOX_{}_{}", tag.to_ascii_uppercase(), &suffix[..12]);
-        let prefix = format!("nats_{tag}_{}", &suffix[..12]);
+        let stream = format!("OUTBOX_{}_{}", tag.to_ascii_uppercase(), &suffix[..16]);
+        let prefix = format!("nats_{tag}_{}", &suffix[..16]);
         let destination =
             Destination::parse(&format!("{prefix}.{{aggregate_type}}.{{event_type}}")).expect("valid template");
         let publisher = NatsPublisher::connect(url, destination).await.unwrap_or_else(|e| panic!("connect: {e}"));
@@ -84,11 +105,10 @@ impl Setup {
         Setup { publisher, stream, prefix }
     }
 
-    async fn consumer(&self, options: NatsConsumerOptions) -> Arc<NatsConsumer> {
-        let consumer = NatsConsumer::connect_with(NATS_URL, &self.stream, CONSUMER, None, options)
+    async fn transport(&self, durable: &str, options: NatsTransportOptions) -> NatsTransport {
+        NatsTransport::connect_with(NATS_URL, &self.stream, durable, None, options)
             .await
-            .unwrap_or_else(|e| panic!("consumer: {e}"));
-        Arc::new(consumer)
+            .unwrap_or_else(|e| panic!("transport: {e}"))
     }
 
     async fn stream_messages(&self) -> u64 {
@@ -96,123 +116,43 @@ impl Setup {
         stream.get_info().await.expect("stream info").state.messages
     }
 
-    async fn delete(self) {
-        self.publisher.jetstream().delete_stream(&self.stream).await.expect("delete stream");
+    async fn consumer_info(&self, durable: &str) -> consumer::Info {
+        let stream = self.publisher.jetstream().get_stream(&self.stream).await.expect("stream");
+        stream.consumer_info(durable).await.expect("consumer info")
     }
-}
 
-fn fast_consumer() -> NatsConsumerOptions {
-    NatsConsumerOptions {
-        fetch_wait: Duration::from_millis(300),
-        retry_delay: Duration::from_millis(20),
-        max_retry_delay: Duration::from_millis(200),
-        ..NatsConsumerOptions::default()
-    }
-}
-
-/// A consumer running `count_item` in the background; records every arrival `(item, n)` at the handler.
-struct Running {
-    consumer: Arc<NatsConsumer>,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<outbox_seaorm::Result<()>>,
-    arrivals: Arc<Mutex<Vec<(String, u64)>>>,
-}
-
-/// Starts `consumer` over `t`; the first delivery of every event whose `n` makes `fail_first` true returns
-/// `Retry` without touching the database, as a handler whose transaction failed would.
-fn start(t: &TestDb, consumer: Arc<NatsConsumer>, fail_first: fn(u64) -> bool) -> Running {
-    let arrivals = Arc::new(Mutex::new(Vec::new()));
-    let failed = Arc::new(Mutex::new(HashSet::new()));
-    let db = t.db.clone();
-    let seen = arrivals.clone();
-    let handler = move |event: OutboxEvent| {
-        let db = db.clone();
-        let seen = seen.clone();
-        let failed = failed.clone();
-        async move {
-            let n = serde_json::from_str::<serde_json::Value>(&event.payload).ok().and_then(|v| v["n"].as_u64());
-            if let Some(n) = n {
-                seen.lock().expect("arrivals").push((event.aggregate_id.clone(), n));
-                if fail_first(n) && failed.lock().expect("failed").insert(event.id) {
-                    return Disposition::Retry;
+    /// The dead letters on `outbox.dead.<stream>.<durable>`: headers and payload.
+    async fn dead_letters(&self, durable: &str) -> Vec<(BTreeMap<String, String>, Vec<u8>)> {
+        let dead = self.publisher.jetstream().get_stream_no_info(format!("{}_DEAD", self.stream)).await.expect("dead");
+        let subject = format!("outbox.dead.{}.{durable}", self.stream);
+        let mut out = Vec::new();
+        let mut next = 1;
+        loop {
+            match dead.get_first_raw_message_by_subject(&subject, next).await {
+                Ok(message) => {
+                    next = message.sequence + 1;
+                    let headers = message
+                        .headers
+                        .iter()
+                        .filter_map(|(k, v)| v.last().map(|v| (k.to_string(), v.as_str().to_owned())))
+                        .collect();
+                    out.push((headers, message.payload.to_vec()));
                 }
+                Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => return out,
+                Err(error) => panic!("dead letters: {error}"),
             }
-            outbox_seaorm::disposition(&count_item(&db, &event).await)
         }
-    };
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    let running = consumer.clone();
-    let task = tokio::spawn(async move { running.run(handler, token).await });
-    Running { consumer, shutdown, task, arrivals }
-}
-
-impl Running {
-    async fn stop(self) -> Vec<(String, u64)> {
-        self.shutdown.cancel();
-        let result = tokio::time::timeout(Duration::from_secs(5), self.task).await;
-        let run = result.expect("the consumer stops promptly on shutdown").expect("consumer task");
-        run.unwrap_or_else(|e| panic!("consumer run: {e}"));
-        self.arrivals.lock().expect("arrivals").clone()
     }
-}
 
-fn never(_: u64) -> bool {
-    false
-}
-
-/// Polls `check` until it holds or `limit` passes.
-async fn eventually(limit: Duration, what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
+    async fn delete(self) {
+        let js = self.publisher.jetstream();
+        js.delete_stream(&self.stream).await.expect("delete stream");
+        let _ = js.delete_stream(format!("{}_DEAD", self.stream)).await;
     }
 }
 
 async fn effects(t: &TestDb) -> i64 {
     count_table(t, "nats_effects").await
-}
-
-/// Within each aggregate, `n` never goes down at the handler (a repeat right after itself is a redelivery).
-fn assert_increasing_per_aggregate(arrivals: &[(String, u64)], t: &TestDb) {
-    let mut last: BTreeMap<&str, u64> = BTreeMap::new();
-    for (item, n) in arrivals {
-        if let Some(&previous) = last.get(item.as_str()) {
-            assert!(*n >= previous, "{t}: aggregate {item}: n={n} arrived after n={previous}");
-        }
-        last.insert(item, *n);
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_event_crosses_nats_once_and_is_acked_after_its_commit() {
-    if !server_available("NATS", NATS).await {
-        return;
-    }
-    for t in all_backends("nats_round_trip").await {
-        create_effects_table(&t).await;
-        let nats = Setup::new("rt", NATS_URL).await;
-        enqueue_committed(&t, &item_events(5, 4)).await;
-        let relay = Relay::new(SeaOrmStore::new(t.db.clone()), nats.publisher.clone(), fast_config()).unwrap();
-        let passes = relay.drain(20).await.unwrap_or_else(|e| panic!("{t}: relay: {e}"));
-        assert_eq!(passes.iter().map(|p| p.published).sum::<u64>(), 20, "{t}: {passes:?}");
-        assert_eq!(nats.stream_messages().await, 20, "{t}");
-
-        // Every 3rd event's first delivery fails before its commit: it is redelivered and applied once.
-        let running = start(&t, nats.consumer(fast_consumer()).await, |n| n % 3 == 1);
-        eventually(Duration::from_secs(10), "20 effects", async || effects(&t).await == 20).await;
-        eventually(Duration::from_secs(5), "every message acked", async || {
-            running.consumer.info().await.is_ok_and(|i| i.num_ack_pending == 0 && i.num_pending == 0)
-        })
-        .await;
-        let arrivals = running.stop().await;
-        assert_eq!(arrivals.len(), 25, "{t}: 20 events + 5 failed first deliveries");
-        assert_increasing_per_aggregate(&arrivals, &t);
-        assert_eq!(effects(&t).await, 20, "{t}");
-        assert_eq!(count_inbox(&t, CONSUMER).await, 20, "{t}");
-        nats.delete().await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,41 +169,75 @@ async fn a_message_is_acked_only_after_the_handler_committed() {
 
     // The handler holds the message until the test opens the gate, then commits its effect.
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let db = t.db.clone();
-    let held = gate.clone();
-    let handler = move |event: OutboxEvent| {
-        let db = db.clone();
-        let held = held.clone();
+    let (db, held) = (t.db.clone(), gate.clone());
+    let handler = move |received: Received<ItemCounted>| {
+        let (db, held) = (db.clone(), held.clone());
         async move {
             held.acquire().await.expect("gate").forget();
-            outbox_seaorm::disposition(&count_item(&db, &event).await)
+            count_item(&db, &received.envelope).await
         }
     };
-    let consumer = nats.consumer(fast_consumer()).await;
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn({
-        let consumer = consumer.clone();
-        let shutdown = shutdown.clone();
-        async move { consumer.run(handler, shutdown).await }
-    });
+    let consumer = Consumer::new(CONSUMER).unwrap().on::<ItemCounted>(handler);
+    let running = Running::start(consumer, nats.transport(CONSUMER, options()).await);
     eventually(Duration::from_secs(5), "the message is delivered", async || {
-        consumer.info().await.is_ok_and(|i| i.num_ack_pending == 1)
+        nats.consumer_info(CONSUMER).await.num_ack_pending == 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let info = consumer.info().await.unwrap();
+    // Longer than ack_wait: the transport keeps the held message alive, so it is not redelivered.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let info = nats.consumer_info(CONSUMER).await;
     assert_eq!((info.num_ack_pending, info.ack_floor.stream_sequence), (1, 0), "{t}: not acked before the commit");
+    assert_eq!(info.num_redelivered, 0, "{t}: kept alive while held: {info:?}");
     assert_eq!(effects(&t).await, 0, "{t}");
 
     gate.add_permits(1);
     eventually(Duration::from_secs(5), "the message is acked", async || {
-        consumer.info().await.is_ok_and(|i| i.num_ack_pending == 0 && i.ack_floor.stream_sequence == 1)
+        let info = nats.consumer_info(CONSUMER).await;
+        info.num_ack_pending == 0 && info.ack_floor.stream_sequence == 1
     })
     .await;
     assert_eq!(effects(&t).await, 1, "{t}");
     assert_eq!(count_inbox(&t, CONSUMER).await, 1, "{t}");
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    running.stop().await;
+    nats.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_a_crashed_consumer_held_are_applied_before_newer_ones() {
+    if !server_available("NATS", NATS).await {
+        return;
+    }
+    let t = case_db("nats_crash_order").await;
+    let nats = Setup::new("crash", NATS_URL).await;
+    let events = outbox_integration_tests::contract::counted_events(1, 6);
+    outbox_seaorm::enqueue_all(&t.db, &events).await.unwrap();
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), nats.publisher.clone(), fast_config()).unwrap();
+    let mut published = 0;
+    while published < 6 {
+        published += relay.run_once().await.unwrap().published;
+    }
+
+    for (durable, recover) in [("kept", true), ("unordered", false)] {
+        // A process takes the first two messages and dies without acking them.
+        let crashed = nats.transport(durable, options()).await;
+        let taken = crashed.fetch(2, Duration::from_secs(1)).await.expect("fetch");
+        assert_eq!(taken.len(), 2, "{durable}");
+        drop(crashed);
+
+        let options = options().with_wait_for_lost_deliveries(recover);
+        let config = outbox_integration_tests::contract::fast_config();
+        let (consumer, applied) = counting_consumer(&t, durable, config, |_, _| false);
+        let running = Running::start(consumer, nats.transport(durable, options).await);
+        eventually(Duration::from_secs(20), "6 applied", async || applied.all().len() == 6).await;
+        running.stop().await;
+        let order: Vec<u64> = applied.all().into_iter().map(|(_, n)| n).collect();
+        if recover {
+            assert_eq!(order, [0, 1, 2, 3, 4, 5], "the crashed consumer's messages first, after ack_wait");
+        } else {
+            // What the recovery prevents: JetStream redelivers the lost two only after ack_wait.
+            assert_eq!(order, [2, 3, 4, 5, 0, 1], "without recovery, newer messages overtake");
+        }
+    }
     nats.delete().await;
 }
 
@@ -323,11 +297,11 @@ async fn a_backlog_drains_after_nats_comes_back() {
     }
     assert_eq!(nats.stream_messages().await, 30, "{t}: each event stored once");
 
-    let running = start(&t, nats.consumer(fast_consumer()).await, never);
+    let consumer = counting(&t);
+    let running = Running::start(consumer, nats.transport(CONSUMER, options()).await);
     eventually(Duration::from_secs(10), "30 effects", async || effects(&t).await == 30).await;
-    let arrivals = running.stop().await;
-    assert_eq!(arrivals.len(), 30, "{t}: every event arrived once");
-    assert_increasing_per_aggregate(&arrivals, &t);
+    let stats = running.stop().await;
+    assert_eq!((stats.processed, stats.duplicates), (30, 0), "{t}: every event arrived once: {stats:?}");
     assert_eq!(count_inbox(&t, CONSUMER).await, 30, "{t}");
     nats.delete().await;
 }
@@ -389,104 +363,107 @@ async fn a_lost_publish_ack_is_republished_and_jetstream_keeps_one_copy() {
         assert!(ack.duplicate, "{t}: {ack:?}");
         assert_eq!(nats.stream_messages().await, 8, "{t}");
 
-        let running = start(&t, nats.consumer(fast_consumer()).await, never);
+        let running = Running::start(counting(&t), nats.transport(CONSUMER, options()).await);
         eventually(Duration::from_secs(10), "8 effects", async || effects(&t).await == 8).await;
-        let arrivals = running.stop().await;
-        assert_eq!(arrivals.len(), 8, "{t}");
+        let stats = running.stop().await;
+        assert_eq!((stats.processed, stats.duplicates), (8, 0), "{t}: {stats:?}");
         assert_eq!(count_inbox(&t, CONSUMER).await, 8, "{t}");
         nats.delete().await;
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_events_keep_per_aggregate_order_through_nats() {
-    if !server_available("NATS", NATS).await {
-        return;
+/// An envelope for raw messages.
+fn sample_event(payload: String) -> OutboxEvent {
+    OutboxEvent {
+        seq: 1,
+        aggregate_version: 1,
+        id: EventId::new(),
+        aggregate_type: "item".into(),
+        aggregate_id: "raw".into(),
+        event_type: "contract.counted".into(),
+        schema_version: 2,
+        payload,
+        headers: Default::default(),
+        created_at: chrono::Utc::now(),
+        attempts: 0,
+        last_error: None,
     }
-    let t = all_backends("nats_order").await.remove(0);
-    create_effects_table(&t).await;
-    let nats = Setup::new("order", NATS_URL).await;
-    enqueue_committed(&t, &item_events(50, 20)).await;
-    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), nats.publisher.clone(), fast_config()).unwrap();
-    let started = Instant::now();
-    let passes = relay.drain(100).await.unwrap();
-    let publish_time = started.elapsed();
-    assert_eq!(passes.iter().map(|p| p.published).sum::<u64>(), 1000, "{t}");
-    assert_eq!(nats.stream_messages().await, 1000, "{t}");
-
-    // Event n=4 of every aggregate fails once at the handler, while n=5 is in the same fetch: the retry must
-    // not let n=5 overtake it.
-    let started = Instant::now();
-    let running = start(&t, nats.consumer(fast_consumer()).await, |n| n == 4);
-    eventually(Duration::from_secs(20), "1000 effects", async || effects(&t).await == 1000).await;
-    let consume_time = started.elapsed();
-    let arrivals = running.stop().await;
-    println!(
-        "{t}: 1000 events over 50 aggregates: relay {publish_time:?} ({} passes), consumer {consume_time:?}",
-        passes.len()
-    );
-    assert_eq!(arrivals.len(), 1050, "{t}: 1000 events + 50 failed first deliveries");
-    assert_increasing_per_aggregate(&arrivals, &t);
-    for i in 0..50 {
-        let item = format!("it{i}");
-        let ns: Vec<u64> = arrivals.iter().filter(|(a, _)| *a == item).map(|(_, n)| *n).collect();
-        let mut expected: Vec<u64> = (0..20).collect();
-        expected.insert(5, 4);
-        assert_eq!(ns, expected, "{t}: aggregate {item}");
-    }
-    assert_eq!(count_inbox(&t, CONSUMER).await, 1000, "{t}");
-    nats.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_undecodable_message_is_parked_once_and_the_stream_moves_on() {
+async fn bad_messages_are_dead_lettered_once_with_their_payload_and_headers() {
     if !server_available("NATS", NATS).await {
         return;
     }
-    let t = all_backends("nats_poison").await.remove(0);
-    create_effects_table(&t).await;
-    let nats = Setup::new("poison", NATS_URL).await;
+    let t = case_db("nats_bad_messages").await;
+    let nats = Setup::new("badmsg", NATS_URL).await;
     let js = nats.publisher.jetstream();
-    // No envelope at all, then an envelope with a broken id: neither can be decoded.
-    js.publish(format!("{}.raw.garbage", nats.prefix), "not an outbox message".into())
-        .await
-        .expect("publish")
-        .await
-        .expect("ack");
-    js.send_publish(
-        format!("{}.raw.garbage", nats.prefix),
-        PublishMessage::build().payload("{}".into()).header("ce_id", "not-a-uuid").header("outbox_schema_version", "1"),
-    )
-    .await
-    .expect("publish")
-    .await
-    .expect("ack");
-    // An event type this handler does not know: the handler parks it.
-    let unknown = NewEvent::new("item", "it0", "item.renamed", &serde_json::json!({"item": "it0"})).unwrap();
-    let mut events = vec![unknown];
-    events.extend(item_events(3, 2));
-    enqueue_committed(&t, &events).await;
+    let publish = async |headers: Vec<(String, String)>, payload: Vec<u8>| {
+        let mut map = HeaderMap::new();
+        for (name, value) in &headers {
+            map.insert(name.as_str(), value.parse::<HeaderValue>().expect("value"));
+        }
+        let subject = format!("{}.raw.message", nats.prefix);
+        let message = PublishMessage::build().payload(payload.into()).headers(map);
+        js.send_publish(subject, message).await.expect("publish").await.expect("ack");
+    };
+    // No envelope at all.
+    publish(Vec::new(), b"not an outbox message".to_vec()).await;
+    // A header with a control character, which could forge a log line.
+    let event = sample_event(r#"{"item":"raw","n":1}"#.into());
+    let mut headers = outbox_seaorm::broker::envelope_headers(&event);
+    headers.push(("x-note".into(), "line one\u{1}forged".into()));
+    publish(headers, event.payload.clone().into_bytes()).await;
+    // A payload over the consumer's max_payload_bytes, carrying its own Nats-Msg-Id.
+    let big = sample_event(format!(r#"{{"item":"raw","n":2,"pad":"{}"}}"#, "x".repeat(4096)));
+    let mut headers = outbox_seaorm::broker::envelope_headers(&big);
+    headers.push(("Nats-Msg-Id".into(), big.id.to_string()));
+    publish(headers, big.payload.clone().into_bytes()).await;
+    // And a valid event behind them.
+    outbox_seaorm::enqueue_all(&t.db, &outbox_integration_tests::contract::counted_events(1, 1)).await.unwrap();
     let relay = Relay::new(SeaOrmStore::new(t.db.clone()), nats.publisher.clone(), fast_config()).unwrap();
-    relay.drain(10).await.unwrap();
-    assert_eq!(nats.stream_messages().await, 9, "{t}");
+    relay.drain(5).await.unwrap();
 
-    let running = start(&t, nats.consumer(fast_consumer()).await, never);
-    eventually(Duration::from_secs(10), "6 effects", async || effects(&t).await == 6).await;
-    // Give a redelivery loop the chance to show itself: two more fetch rounds.
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let info = running.consumer.info().await.unwrap();
-    let arrivals = running.stop().await;
-    assert_eq!(arrivals.len(), 6, "{t}: the unparseable messages never reached the handler");
-    assert_eq!(info.num_ack_pending, 0, "{t}: {info:?}");
-    assert_eq!(info.num_redelivered, 0, "{t}: nothing was redelivered: {info:?}");
-    assert_eq!(info.delivered.stream_sequence, 9, "{t}: {info:?}");
-    assert_eq!(info.ack_floor.stream_sequence, 9, "{t}: parked messages are terminated, not pending: {info:?}");
-    assert_eq!(count_inbox(&t, CONSUMER).await, 6, "{t}");
+    // Two consumers of the stream dead-letter the same messages: each keeps its own dead letters.
+    for durable in ["bm_a", "bm_b"] {
+        let config = ConsumerConfig { max_payload_bytes: 1024, ..outbox_integration_tests::contract::fast_config() };
+        let (consumer, applied) = counting_consumer(&t, durable, config, |_, _| false);
+        let running = Running::start(consumer, nats.transport(durable, options()).await);
+        eventually(Duration::from_secs(10), "1 applied, 3 dead", async || {
+            applied.all().len() == 1 && running.stats().dead_lettered == 3
+        })
+        .await;
+        // Longer than ack_wait: a message acked after its dead letter never comes back.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let stats = running.stop().await;
+        assert_eq!((stats.processed, stats.dead_lettered, stats.retried), (1, 3, 0), "{durable}: {stats:?}");
+        let info = nats.consumer_info(durable).await;
+        assert_eq!((info.num_ack_pending, info.num_redelivered), (0, 0), "{durable}: {info:?}");
+        assert_eq!(info.ack_floor.stream_sequence, 4, "{durable}: {info:?}");
+
+        let dead = nats.dead_letters(durable).await;
+        assert_eq!(dead.len(), 3, "{durable}: {dead:?}");
+        let find = |what: &str, pick: &dyn Fn(&(BTreeMap<String, String>, Vec<u8>)) -> bool| {
+            dead.iter().find(|d| pick(d)).unwrap_or_else(|| panic!("{durable}: no dead letter {what}: {dead:?}"))
+        };
+        find("with the raw payload", &|(_, p)| p.as_slice() == b"not an outbox message");
+        let (headers, _) = find("of the control characters", &|(h, _)| h.contains_key("x-note"));
+        let reason = &headers["outbox_dead_reason"];
+        assert!(reason.contains("control characters") && !reason.contains('\u{1}'), "escaped: {reason:?}");
+        assert_eq!(headers["x-note"], "line one\u{1}forged", "the original header is kept as it was");
+        assert_eq!(headers["ce_id"], event.id.to_string());
+        let (headers, payload) = find("of the big payload", &|(_, p)| p.as_slice() == big.payload.as_bytes());
+        assert!(headers["outbox_dead_reason"].contains("max_payload_bytes"), "{headers:?}");
+        assert_eq!(headers["outbox_dead_Nats-Msg-Id"], big.id.to_string(), "the original id is kept, renamed");
+        assert_eq!(headers["outbox_dead_consumer"], durable);
+        assert_eq!(headers["outbox_dead_origin"], format!("{}.raw.message", nats.prefix));
+        assert_eq!(payload.len(), big.payload.len());
+    }
     nats.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_urls_and_templates_are_typed_config_errors() {
+async fn bad_urls_names_and_templates_are_typed_config_errors() {
     if !server_available("NATS", NATS).await {
         return;
     }
@@ -500,7 +477,7 @@ async fn bad_urls_and_templates_are_typed_config_errors() {
         let err = NatsPublisher::connect(url, d()).await.expect_err(url);
         assert!(matches!(err, Error::InvalidConfig { .. }), "{url}: {err:?}");
         assert!(err.to_string().contains(expected), "{url}: {err}");
-        let err = NatsConsumer::connect(url, "S", "c", None).await.expect_err(url);
+        let err = NatsTransport::connect(url, "S", "c", None).await.expect_err(url);
         assert!(matches!(err, Error::InvalidConfig { .. }), "{url}: {err:?}");
     }
     // Nothing listens on port 1: a broker error naming what failed, without the password.
@@ -510,6 +487,8 @@ async fn bad_urls_and_templates_are_typed_config_errors() {
         err.to_string().contains("connect to nats://***@127.0.0.1:1") && !err.to_string().contains("secret"),
         "{err}"
     );
+    let err = NatsTransport::connect("nats://user:secret@127.0.0.1:1", "S", "c", None).await.expect_err("refused");
+    assert!(!err.to_string().contains("secret"), "{err}");
 
     for template in ["events..{event_type}", "events.{event_type}.", "events.*.{event_type}", "ev ents.{event_type}"] {
         let err = NatsPublisher::connect(NATS_URL, Destination::parse(template).unwrap()).await.expect_err(template);
@@ -517,12 +496,52 @@ async fn bad_urls_and_templates_are_typed_config_errors() {
         assert!(err.to_string().contains("cannot form a NATS subject"), "{template}: {err}");
     }
 
-    let err = NatsConsumer::connect(NATS_URL, "NO_SUCH_STREAM_NATS_TEST", "c", None).await.expect_err("no stream");
+    let err = NatsTransport::connect(NATS_URL, "NO_SUCH_STREAM_NATS_TEST", "c", None).await.expect_err("no stream");
     assert!(matches!(err, Error::Broker { .. }), "{err:?}");
     assert!(err.to_string().contains("NO_SUCH_STREAM_NATS_TEST"), "{err}");
-    let options = NatsConsumerOptions { batch_size: 0, ..NatsConsumerOptions::default() };
-    let err = NatsConsumer::connect_with(NATS_URL, "S", "c", None, options).await.expect_err("batch 0");
-    assert!(matches!(err, Error::InvalidConfig { field: "batch_size", .. }), "{err:?}");
+
+    let nats = Setup::new("config", NATS_URL).await;
+    let connect = async |durable: &str, options: NatsTransportOptions| {
+        NatsTransport::connect_with(NATS_URL, &nats.stream, durable, None, options).await.map(|_| ())
+    };
+    let cases: Vec<(&str, NatsTransportOptions, &str)> = vec![
+        ("a.b", NatsTransportOptions::default(), "durable_name"),
+        ("c", NatsTransportOptions::default().with_dead_letters("BAD.NAME", "dead.x"), "dead_letter_stream"),
+        ("c", NatsTransportOptions::default().with_dead_letters("DEAD_OK", "dead.*"), "dead_letter_subject"),
+        ("c", NatsTransportOptions::default().with_dead_letters("DEAD_OK", "dead..x"), "dead_letter_subject"),
+        ("c", NatsTransportOptions::default().with_dead_letters(&nats.stream, "dead.x"), "dead_letter_stream"),
+        (
+            "c",
+            NatsTransportOptions::default().with_dead_letters("DEAD_OK", &format!("{}.dead", nats.prefix)),
+            "dead_letter_subject",
+        ),
+        ("c", NatsTransportOptions::default().with_ack_wait(Duration::from_millis(500)), "ack_wait"),
+        ("c", NatsTransportOptions::default().with_max_deliver(0), "max_deliver"),
+    ];
+    for (durable, options, field) in cases {
+        let err = connect(durable, options.clone()).await.expect_err(field);
+        assert!(
+            matches!(&err, Error::InvalidConfig { field: f, .. } if *f == field),
+            "{durable} {options:?}: expected {field}: {err}"
+        );
+    }
+    // The default dead-letter stream of a stream name near the limit would be too long.
+    let long = "S".repeat(252);
+    let err = NatsTransport::connect(NATS_URL, &long, "c", None).await.expect_err("long");
+    assert!(matches!(err, Error::InvalidConfig { field: "dead_letter_stream", .. }), "{err}");
+
+    // A durable created elsewhere with `ack_policy: all` would let an ack cover earlier messages.
+    let stream = nats.publisher.jetstream().get_stream(&nats.stream).await.unwrap();
+    let config = consumer::pull::Config {
+        durable_name: Some("acks_all".into()),
+        ack_policy: AckPolicy::All,
+        ..Default::default()
+    };
+    stream.create_consumer(config).await.expect("create consumer");
+    let err = connect("acks_all", options()).await.expect_err("ack policy all");
+    assert!(matches!(err, Error::InvalidConfig { field: "durable_name", .. }), "{err}");
+    assert!(err.to_string().contains("explicit acks"), "{err}");
+    nats.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,28 +1,31 @@
-//! The Redis Streams adapter against a real Redis (127.0.0.1:6379) and real databases: events relayed with
-//! `XADD` reach an `#[idempotent_handler]` through a consumer group exactly once in effect, across a broker
-//! outage, lost confirmations, a consumer that died before acking, and entries that cannot be decoded.
+//! The Redis Streams adapter against a real Redis (127.0.0.1:6379) and real databases, beyond the contract
+//! suite (`contract_redis.rs`): the publisher through an outage and lost confirmations, no trimming by
+//! default, entries of a consumer that died claimed by another, held entries kept from other consumers,
+//! and bad entries and bad settings ending as dead letters or typed errors.
 
 mod common;
 
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use chrono::Utc;
 use common::{
-    CAP, after, assert_per_aggregate_order, count_inbox, count_published, count_table, count_unpublished,
-    create_shop_tables, enqueue_committed, fast_config, insert_invoice, n_of, outbox_row,
+    CAP, after, count_inbox, count_published, count_table, count_unpublished, create_shop_tables, enqueue_committed,
+    fast_config, insert_invoice, outbox_row,
 };
+use outbox_integration_tests::contract::{Running, eventually};
 use outbox_integration_tests::proxy::{Proxy, server_available};
 use outbox_integration_tests::{TestDb, all_backends};
 use outbox_seaorm::brokers::redis::redis::{self, AsyncCommands, aio::MultiplexedConnection};
 use outbox_seaorm::brokers::redis::{
-    DEFAULT_STREAM_TEMPLATE, RedisConsumer, RedisConsumerConfig, RedisPublisher, RedisPublisherConfig, dead_field,
+    DEFAULT_STREAM_TEMPLATE, PAYLOAD_FIELD, RedisPublisher, RedisPublisherConfig, RedisTransport, RedisTransportConfig,
+    dead_field,
 };
 use outbox_seaorm::prelude::*;
 use outbox_seaorm::{
-    CancellationToken, Destination, Disposition, Error, EventId, MessageHandler, OutboxEvent, PublishError, Publisher,
+    Consumer, ConsumerConfig, ConsumerStats, Destination, Error, EventId, OutboxEvent, PublishError, Publisher,
+    Received,
 };
 use sea_orm::{DatabaseTransaction, DbErr};
 use serde::{Deserialize, Serialize};
@@ -47,27 +50,25 @@ async fn record_shipment(txn: &DatabaseTransaction, event: ParcelShipped) -> Res
     insert_invoice(txn, &event.parcel_id, n).await
 }
 
-/// The handler a consumer runs: the idempotent handler, its result mapped to ack / retry / park.
-fn shipment_handler(t: &TestDb) -> impl MessageHandler {
-    let db = t.db.clone();
-    move |message: OutboxEvent| {
-        let db = db.clone();
-        async move { outbox_seaorm::disposition(&record_shipment(&db, &message).await) }
-    }
+/// Settings for tests: short waits.
+fn consumer_config() -> ConsumerConfig {
+    outbox_integration_tests::contract::fast_config()
 }
 
-/// `handler`, counting the messages it finished with into `calls`.
-fn counted(handler: impl MessageHandler, calls: Arc<AtomicUsize>) -> impl MessageHandler {
-    let handler = Arc::new(handler);
-    move |event: OutboxEvent| {
-        let handler = handler.clone();
-        let calls = calls.clone();
+/// A consumer running `record_shipment` on every `ParcelShipped`; `gate`, if given, holds each handler
+/// until a permit is added.
+fn shipping(t: &TestDb, gate: Option<Arc<tokio::sync::Semaphore>>) -> Consumer {
+    let db = t.db.clone();
+    let handler = move |received: Received<ParcelShipped>| {
+        let (db, gate) = (db.clone(), gate.clone());
         async move {
-            let disposition = handler.handle(event).await;
-            calls.fetch_add(1, Ordering::SeqCst);
-            disposition
+            if let Some(gate) = gate {
+                gate.acquire().await.expect("gate").forget();
+            }
+            record_shipment(&db, &received.envelope).await
         }
-    }
+    };
+    Consumer::new(CONSUMER).expect("name").with_config(consumer_config()).expect("config").on::<ParcelShipped>(handler)
 }
 
 fn shipped(parcel: &str, n: u64) -> NewEvent {
@@ -134,89 +135,29 @@ async fn dead_entries(stream: &str) -> Vec<redis::streams::StreamId> {
     reply.ids
 }
 
-fn fast_consumer() -> RedisConsumerConfig {
-    RedisConsumerConfig::default()
-        .with_block(Duration::from_millis(50))
-        .with_min_idle(Duration::from_millis(300))
+fn transport_config() -> RedisTransportConfig {
+    RedisTransportConfig::default()
+        .with_min_idle(Duration::from_millis(600))
         .with_reclaim_interval(Duration::from_millis(100))
-        .with_retry_delay(Duration::from_millis(50), Duration::from_millis(200))
+        .with_max_block(Duration::from_millis(100))
 }
 
-/// A consumer running in its own task until [`Running::stop`].
-struct Running {
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<outbox_seaorm::Result<()>>,
+async fn transport(url: &str, stream: &str, group: &str, name: &str) -> RedisTransport {
+    RedisTransport::connect_with(url, stream, group, name, transport_config())
+        .await
+        .unwrap_or_else(|e| panic!("transport {name}: {e}"))
 }
 
-impl Running {
-    fn start(consumer: RedisConsumer, handler: impl MessageHandler) -> Running {
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        let task = tokio::spawn(async move { consumer.run(handler, token).await });
-        Running { shutdown, task }
-    }
-
-    /// Cancels the consumer and checks it stopped promptly and cleanly.
-    async fn stop(self) {
-        let started = Instant::now();
-        self.shutdown.cancel();
-        let result = tokio::time::timeout(Duration::from_secs(3), self.task)
-            .await
-            .expect("the consumer stops within 3 s of shutdown")
-            .expect("the consumer task did not panic");
-        result.expect("the consumer ends with Ok after shutdown");
-        assert!(started.elapsed() < Duration::from_secs(2), "shutdown took {:?}", started.elapsed());
-    }
-}
-
-/// Waits (at most 15 s) until `check` holds.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
+/// Waits (at most 15 s) until `expected` invoices exist, then checks each was applied exactly once.
 async fn wait_for_invoices(t: &TestDb, expected: i64) {
-    eventually(&format!("{t}: {expected} invoices"), || async { count_table(t, "invoices").await >= expected }).await;
+    eventually(Duration::from_secs(15), &format!("{t}: {expected} invoices"), async || {
+        count_table(t, "invoices").await >= expected
+    })
+    .await;
     // Give a wrongly repeated effect a moment to show up before the exact count is checked.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(count_table(t, "invoices").await, expected, "{t}: every event applied exactly once");
     assert_eq!(count_inbox(t, CONSUMER).await, u64::try_from(expected).expect("count"), "{t}: one inbox row each");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_event_relayed_through_redis_streams_is_applied_once() {
-    if !server_available("Redis", REDIS).await {
-        return;
-    }
-    for t in all_backends("redis_round_trip").await {
-        create_shop_tables(&t).await;
-        let streams = Streams::new("round-trip");
-        let publisher = RedisPublisher::connect(REDIS_URL, streams.destination()).await.expect("publisher");
-        let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).unwrap();
-        let consumer = RedisConsumer::connect_with(REDIS_URL, &streams.parcels(), "shipping", "c1", fast_consumer())
-            .await
-            .expect("consumer");
-        assert_eq!(consumer.dead_letter_stream(), format!("{}:dead", streams.parcels()));
-        let running = Running::start(consumer, shipment_handler(&t));
-
-        enqueue_committed(&t, &shipments(5, 30)).await;
-        relay.drain(100).await.unwrap_or_else(|e| panic!("{t}: relay: {e}"));
-        assert_eq!(count_published(&t).await, 30, "{t}");
-        assert_eq!(xlen(&streams.parcels()).await, 30, "{t}: one entry per event");
-
-        wait_for_invoices(&t, 30).await;
-        eventually("every entry acked", || async { pending(&streams.parcels(), "shipping").await == 0 }).await;
-        running.stop().await;
-        assert!(dead_entries(&streams.parcels()).await.is_empty(), "{t}: nothing parked");
-        streams.cleanup().await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,10 +176,8 @@ async fn an_unreachable_redis_loses_nothing_and_the_backlog_drains_after_it_retu
     let publisher = RedisPublisher::connect_with(&via_proxy, streams.destination(), config).await.expect("publisher");
     let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).unwrap();
     // The consumer goes through the proxy too: it must come back on its own after the outage.
-    let consumer = RedisConsumer::connect_with(&via_proxy, &streams.parcels(), "shipping", "c1", fast_consumer())
-        .await
-        .expect("consumer");
-    let running = Running::start(consumer, shipment_handler(&t));
+    let consumer = transport(&via_proxy, &streams.parcels(), "shipping", "c1").await;
+    let running = Running::start(shipping(&t, None), consumer);
 
     let events = shipments(4, 20);
     enqueue_committed(&t, &events[..4]).await;
@@ -305,21 +244,45 @@ async fn an_event_appended_twice_after_a_lost_confirmation_is_applied_once() {
     assert_eq!(again.published, 10, "{t}: {again:?}");
     assert_eq!(xlen(&streams.parcels()).await, 20, "{t}: Redis has every event twice (no server-side dedup)");
 
-    let consumer = RedisConsumer::connect_with(REDIS_URL, &streams.parcels(), "shipping", "c1", fast_consumer())
-        .await
-        .expect("consumer");
-    let calls = Arc::new(AtomicUsize::new(0));
-    let running = Running::start(consumer, counted(shipment_handler(&t), calls.clone()));
-    eventually("all 20 entries handled", || async { calls.load(Ordering::SeqCst) >= 20 }).await;
-    eventually("all 20 entries acked", || async { pending(&streams.parcels(), "shipping").await == 0 }).await;
+    let consumer = transport(REDIS_URL, &streams.parcels(), "shipping", "c1").await;
+    let running = Running::start(shipping(&t, None), consumer);
+    eventually(Duration::from_secs(15), "all 20 entries handled", async || {
+        let stats = running.stats();
+        stats.processed + stats.duplicates == 20
+    })
+    .await;
+    eventually(Duration::from_secs(5), "all 20 entries acked", async || {
+        pending(&streams.parcels(), "shipping").await == 0
+    })
+    .await;
     wait_for_invoices(&t, 10).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 20, "{t}: each entry handled once, the duplicate as a no-op");
-    running.stop().await;
+    let stats = running.stop().await;
+    assert_eq!((stats.processed, stats.duplicates), (10, 10), "{t}: each copy handled once: {stats:?}");
     streams.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn entries_left_pending_by_a_dead_consumer_are_reclaimed_and_applied_once() {
+async fn the_publisher_never_trims_a_stream_by_default() {
+    if !server_available("Redis", REDIS).await {
+        return;
+    }
+    let t = all_backends("redis_no_trim").await.remove(0);
+    let streams = Streams::new("no-trim");
+    let publisher = RedisPublisher::connect(REDIS_URL, streams.destination()).await.expect("publisher");
+    assert_eq!(publisher.config().max_len, None);
+    // A group exists and has read nothing: trimming would delete what it never applied.
+    let _idle = transport(REDIS_URL, &streams.parcels(), "slow", "s1").await;
+    enqueue_committed(&t, &shipments(1, 300)).await;
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).unwrap();
+    while count_unpublished(&t).await > 0 {
+        relay.run_once().await.expect("pass");
+    }
+    assert_eq!(xlen(&streams.parcels()).await, 300, "every entry kept");
+    streams.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_left_pending_by_a_dead_consumer_are_claimed_and_applied_once() {
     if !server_available("Redis", REDIS).await {
         return;
     }
@@ -328,7 +291,7 @@ async fn entries_left_pending_by_a_dead_consumer_are_reclaimed_and_applied_once(
     let streams = Streams::new("autoclaim");
     let stream = streams.parcels();
     // Connecting B creates the group; B does not run yet.
-    let b = RedisConsumer::connect_with(REDIS_URL, &stream, "shipping", "b", fast_consumer()).await.expect("consumer");
+    let b = transport(REDIS_URL, &stream, "shipping", "b").await;
     let publisher = RedisPublisher::connect(REDIS_URL, streams.destination()).await.expect("publisher");
     let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).unwrap();
     enqueue_committed(&t, &shipments(10, 10)).await;
@@ -341,148 +304,139 @@ async fn entries_left_pending_by_a_dead_consumer_are_reclaimed_and_applied_once(
     assert_eq!(read.keys.first().map(|k| k.ids.len()), Some(10), "A received every entry");
     assert_eq!(pending(&stream, "shipping").await, 10, "A's entries are pending");
 
-    let running = Running::start(b, shipment_handler(&t));
+    let running = Running::start(shipping(&t, None), b);
     wait_for_invoices(&t, 10).await;
-    eventually("B acked A's entries", || async { pending(&stream, "shipping").await == 0 }).await;
-    running.stop().await;
-    assert!(dead_entries(&stream).await.is_empty(), "nothing parked");
+    eventually(Duration::from_secs(5), "B acked A's entries", async || pending(&stream, "shipping").await == 0).await;
+    let stats = running.stop().await;
+    assert_eq!(stats.processed, 10, "{stats:?}");
+    assert!(dead_entries(&stream).await.is_empty(), "nothing dead-lettered");
     streams.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_events_over_fifty_aggregates_arrive_in_per_aggregate_order() {
+async fn an_entry_held_by_a_live_consumer_is_not_claimed_by_another() {
     if !server_available("Redis", REDIS).await {
         return;
     }
-    let t = all_backends("redis_order").await.remove(0);
-    let streams = Streams::new("order");
-    let received = Arc::new(Mutex::new(Vec::<OutboxEvent>::new()));
-    let sink = received.clone();
-    let consumer = RedisConsumer::connect_with(REDIS_URL, &streams.parcels(), "audit", "c1", fast_consumer())
-        .await
-        .expect("consumer");
-    let running = Running::start(consumer, move |event: OutboxEvent| {
-        let sink = sink.clone();
-        async move {
-            sink.lock().expect("lock").push(event);
-            Disposition::Ack
-        }
-    });
-
-    enqueue_committed(&t, &shipments(50, 1000)).await;
+    let t = all_backends("redis_keep_alive").await.remove(0);
+    create_shop_tables(&t).await;
+    let streams = Streams::new("keep-alive");
+    let stream = streams.parcels();
     let publisher = RedisPublisher::connect(REDIS_URL, streams.destination()).await.expect("publisher");
     let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).unwrap();
-    relay.drain(100).await.expect("relay");
-    assert_eq!(count_published(&t).await, 1000, "{t}");
+    enqueue_committed(&t, &shipments(1, 3)).await;
+    relay.drain(10).await.expect("relay");
 
-    eventually("1000 events received", || async { received.lock().expect("lock").len() >= 1000 }).await;
-    running.stop().await;
-    let received = received.lock().expect("lock").clone();
-    assert_eq!(received.len(), 1000, "{t}: each entry delivered once");
-    assert_per_aggregate_order(&received, &t);
-    for parcel in 0..50 {
-        let id = format!("p{parcel}");
-        let ns: Vec<u64> = received.iter().filter(|e| e.aggregate_id == id).map(n_of).collect();
-        assert_eq!(ns, (0..20).collect::<Vec<_>>(), "{t}: parcel {id} applied in emit order");
-    }
+    // A takes the three entries of parcel p0 and holds them (its handler waits) for 4 × min_idle.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let a = Running::start(shipping(&t, Some(gate.clone())), transport(REDIS_URL, &stream, "shipping", "a").await);
+    eventually(Duration::from_secs(5), "A holds the entries", async || pending(&stream, "shipping").await == 3).await;
+    let b = Running::start(shipping(&t, None), transport(REDIS_URL, &stream, "shipping", "b").await);
+    tokio::time::sleep(Duration::from_millis(2400)).await;
+    let b_stats: ConsumerStats = b.stop().await;
+    assert_eq!(b_stats.processed + b_stats.duplicates, 0, "B never got A's held entries: {b_stats:?}");
+
+    gate.add_permits(3);
+    wait_for_invoices(&t, 3).await;
+    let a_stats = a.stop().await;
+    assert_eq!(a_stats.processed, 3, "{a_stats:?}");
+    assert_eq!(pending(&stream, "shipping").await, 0);
     streams.cleanup().await;
 }
 
+/// An envelope for raw entries.
+fn sample_event(payload: String) -> OutboxEvent {
+    OutboxEvent {
+        seq: 1,
+        aggregate_version: 1,
+        id: EventId::new(),
+        aggregate_type: "parcel".into(),
+        aggregate_id: "raw".into(),
+        event_type: "parcel.shipped".into(),
+        schema_version: 1,
+        payload,
+        headers: Default::default(),
+        created_at: Utc::now(),
+        attempts: 0,
+        last_error: None,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_undecodable_entry_is_parked_and_acked_while_later_entries_are_processed() {
+async fn bad_entries_are_dead_lettered_once_with_their_fields_while_later_entries_are_processed() {
     if !server_available("Redis", REDIS).await {
         return;
     }
-    let t = all_backends("redis_poison").await.remove(0);
+    let t = all_backends("redis_bad_entries").await.remove(0);
     create_shop_tables(&t).await;
-    let streams = Streams::new("poison");
+    let streams = Streams::new("bad-entries");
     let stream = streams.parcels();
-    let consumer =
-        RedisConsumer::connect_with(REDIS_URL, &stream, "shipping", "c1", fast_consumer()).await.expect("consumer");
+    let consumer = transport(REDIS_URL, &stream, "shipping", "c1").await;
 
-    // Entries no outbox publisher wrote: no envelope at all, an envelope without a payload, and an id that
-    // is not UTF-8. They come first, so valid entries behind them must not be held up.
+    // Entries no outbox publisher wrote come first, so valid entries behind them must not be held up.
     let mut conn = raw().await;
     let no_envelope: String = conn.xadd(&stream, "*", &[("foo", "bar")]).await.expect("XADD");
-    let no_payload: String = conn.xadd(&stream, "*", &[("ce_id", "x"), ("ce_type", "parcel.shipped")]).await.unwrap();
     let not_utf8: String =
-        conn.xadd(&stream, "*", &[("ce_id", &b"\xff\xfe"[..]), ("payload", &b"{}"[..])]).await.unwrap();
+        conn.xadd(&stream, "*", &[("ce_id", &b"\xff\xfe"[..]), ("payload", &b"{}"[..])]).await.expect("XADD");
+    let event = sample_event(r#"{"parcel_id":"raw","n":1}"#.into());
+    let mut fields = outbox_seaorm::broker::envelope_headers(&event);
+    fields.push(("x-note".into(), "line one\nforged: yes".into()));
+    fields.push((PAYLOAD_FIELD.into(), event.payload.clone()));
+    let control: String = conn.xadd(&stream, "*", &fields).await.expect("XADD");
+    let big = sample_event(format!(r#"{{"parcel_id":"raw","n":2,"pad":"{}"}}"#, "x".repeat(4096)));
+    let mut fields = outbox_seaorm::broker::envelope_headers(&big);
+    fields.push((PAYLOAD_FIELD.into(), big.payload.clone()));
+    let oversized: String = conn.xadd(&stream, "*", &fields).await.expect("XADD");
 
     let publisher = RedisPublisher::connect(REDIS_URL, streams.destination()).await.expect("publisher");
     let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).unwrap();
     enqueue_committed(&t, &shipments(5, 5)).await;
     relay.drain(10).await.expect("relay");
 
-    let running = Running::start(consumer, shipment_handler(&t));
+    let config = ConsumerConfig { max_payload_bytes: 1024, ..consumer_config() };
+    let db = t.db.clone();
+    let handler = move |received: Received<ParcelShipped>| {
+        let db = db.clone();
+        async move { record_shipment(&db, &received.envelope).await }
+    };
+    let consumer_app = Consumer::new(CONSUMER).unwrap().with_config(config).unwrap().on::<ParcelShipped>(handler);
+    let running = Running::start(consumer_app, consumer);
     wait_for_invoices(&t, 5).await;
-    eventually("everything acked", || async { pending(&stream, "shipping").await == 0 }).await;
-    // Longer than min_idle and several reclaim rounds: a parked entry never comes back.
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    running.stop().await;
+    eventually(Duration::from_secs(5), "everything acked", async || pending(&stream, "shipping").await == 0).await;
+    // Longer than min_idle and several reclaim rounds: a dead-lettered entry never comes back.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let stats = running.stop().await;
+    assert_eq!((stats.processed, stats.dead_lettered), (5, 3), "the non-UTF-8 entry is the transport's: {stats:?}");
 
     let dead = dead_entries(&stream).await;
-    let parked: Vec<String> = dead.iter().map(|e| e.get(dead_field::ENTRY_ID).expect("entry id")).collect();
-    assert_eq!(parked, [no_envelope, no_payload, not_utf8], "each bad entry parked once, in order");
-    let first = &dead[0];
-    let reason: String = first.get(dead_field::REASON).expect("reason");
-    assert!(reason.contains("cannot decode") && reason.contains("payload"), "{reason}");
+    let mut ids: Vec<String> = dead.iter().map(|e| e.get(dead_field::ENTRY_ID).expect("entry id")).collect();
+    ids.sort();
+    let mut expected = vec![no_envelope.clone(), not_utf8.clone(), control.clone(), oversized.clone()];
+    expected.sort();
+    assert_eq!(ids, expected, "each bad entry dead-lettered once");
+    let by_id =
+        |id: &str| dead.iter().find(|e| e.get::<String>(dead_field::ENTRY_ID).as_deref() == Some(id)).expect("dead");
+    let first = by_id(&no_envelope);
     assert_eq!(first.get::<String>("foo").as_deref(), Some("bar"), "the original fields are kept");
-    assert_eq!(first.get::<String>(dead_field::STREAM), Some(stream.clone()));
+    assert!(first.get::<String>("outbox_dead_reason").expect("reason").contains("ce_id"));
+    assert_eq!(first.get::<String>("outbox_dead_origin"), Some(stream.clone()));
     assert_eq!(first.get::<String>(dead_field::GROUP).as_deref(), Some("shipping"));
-    let reason: String = dead[2].get(dead_field::REASON).expect("reason");
-    assert!(reason.contains("UTF-8"), "{reason}");
+    let bytes = by_id(&not_utf8);
+    assert_eq!(bytes.get::<Vec<u8>>("ce_id"), Some(b"\xff\xfe".to_vec()), "kept byte for byte");
+    assert!(bytes.get::<String>("outbox_dead_reason").expect("reason").contains("UTF-8"));
+    let forged = by_id(&control);
+    let reason: String = forged.get("outbox_dead_reason").expect("reason");
+    assert!(reason.contains("control characters") && !reason.contains('\n'), "escaped: {reason:?}");
+    assert_eq!(forged.get::<String>("x-note").as_deref(), Some("line one\nforged: yes"));
+    let large = by_id(&oversized);
+    assert_eq!(large.get::<String>(PAYLOAD_FIELD), Some(big.payload.clone()), "the payload is kept whole");
+    assert!(large.get::<String>("outbox_dead_reason").expect("reason").contains("max_payload_bytes"));
     assert_eq!(count_table(&t, "invoices").await, 5);
     streams.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_entry_the_handler_keeps_retrying_is_parked_after_max_deliveries() {
-    if !server_available("Redis", REDIS).await {
-        return;
-    }
-    let t = all_backends("redis_max_deliveries").await.remove(0);
-    create_shop_tables(&t).await;
-    let streams = Streams::new("max-deliveries");
-    let stream = streams.parcels();
-    let config = fast_consumer().with_min_idle(Duration::from_millis(100)).with_max_deliveries(3);
-    let consumer = RedisConsumer::connect_with(REDIS_URL, &stream, "shipping", "c1", config).await.expect("consumer");
-
-    let publisher = RedisPublisher::connect(REDIS_URL, streams.destination()).await.expect("publisher");
-    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).unwrap();
-    enqueue_committed(&t, &shipments(4, 4)).await;
-    relay.drain(10).await.expect("relay");
-
-    // Parcel p2's handler fails every time (say its effect hits a constraint); the others succeed.
-    let attempts = Arc::new(Mutex::new(0_u32));
-    let counter = attempts.clone();
-    let inner = Arc::new(shipment_handler(&t));
-    let handler = move |event: OutboxEvent| {
-        let inner = inner.clone();
-        let counter = counter.clone();
-        async move {
-            if event.aggregate_id == "p2" {
-                *counter.lock().expect("lock") += 1;
-                return Disposition::Retry;
-            }
-            inner.handle(event).await
-        }
-    };
-    let running = Running::start(consumer, handler);
-    eventually("p2 parked", || async { !dead_entries(&stream).await.is_empty() }).await;
-    eventually("everything acked", || async { pending(&stream, "shipping").await == 0 }).await;
-    running.stop().await;
-
-    assert_eq!(*attempts.lock().expect("lock"), 3, "handled max_deliveries times, then parked");
-    let dead = dead_entries(&stream).await;
-    assert_eq!(dead.len(), 1);
-    let reason: String = dead[0].get(dead_field::REASON).expect("reason");
-    assert!(reason.contains("delivered 4 times") && reason.contains("max_deliveries is 3"), "{reason}");
-    assert_eq!(dead[0].get::<String>("ce_subject").as_deref(), Some("p2"));
-    streams.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_urls_and_other_brokers_schemes_are_config_errors() {
+async fn malformed_urls_bad_names_and_other_brokers_schemes_are_config_errors() {
     if !server_available("Redis", REDIS).await {
         return;
     }
@@ -490,21 +444,51 @@ async fn malformed_urls_and_other_brokers_schemes_are_config_errors() {
     for url in ["not a url", "mqtt://127.0.0.1:6379", "nats://127.0.0.1:4222", "redis://", "redis://:6379"] {
         let error = RedisPublisher::connect(url, destination()).await.expect_err(url);
         assert!(matches!(error, Error::InvalidConfig { field: "broker_url", .. }), "{url}: {error}");
-        let error = RedisConsumer::connect(url, "s", "g", "c").await.expect_err(url);
+        let error = RedisTransport::connect(url, "s", "g", "c").await.expect_err(url);
         assert!(matches!(error, Error::InvalidConfig { field: "broker_url", .. }), "{url}: {error}");
     }
     let error = RedisPublisher::connect("redis://user:secret@127.0.0.1:1", destination()).await.expect_err("port 1");
     assert!(matches!(error, Error::Broker { broker: "Redis Streams", .. }), "{error}");
     assert!(!error.to_string().contains("secret"), "the password is not in the message: {error}");
+    let error = RedisTransport::connect("redis://user:secret@127.0.0.1:1", "s", "g", "c").await.expect_err("port 1");
+    assert!(matches!(error, Error::Broker { .. }) && !error.to_string().contains("secret"), "{error}");
 
-    let error = RedisConsumer::connect(REDIS_URL, "", "g", "c").await.expect_err("empty stream");
-    assert!(matches!(error, Error::InvalidConfig { field: "stream", .. }), "{error}");
+    let streams = Streams::new("config");
+    let stream = streams.parcels();
     let long = "s".repeat(2000);
-    let error = RedisConsumer::connect(REDIS_URL, &long, "g", "c").await.expect_err("long stream");
+    let error = RedisTransport::connect(REDIS_URL, "", "g", "c").await.expect_err("empty stream");
     assert!(matches!(error, Error::InvalidConfig { field: "stream", .. }), "{error}");
+    let error = RedisTransport::connect(REDIS_URL, &long, "g", "c").await.expect_err("long stream");
+    assert!(matches!(error, Error::InvalidConfig { field: "stream", .. }), "{error}");
+    let near_limit = "s".repeat(1020);
+    let error = RedisTransport::connect(REDIS_URL, &near_limit, "g", "c").await.expect_err("long dead-letter key");
+    assert!(matches!(error, Error::InvalidConfig { field: "dead_letter_stream", .. }), "{error}");
+    for (dead, why) in [("", "empty"), (stream.as_str(), "the consumed stream"), (long.as_str(), "too long")] {
+        let config = RedisTransportConfig::default().with_dead_letter_stream(dead);
+        let error = RedisTransport::connect_with(REDIS_URL, &stream, "g", "c", config).await.expect_err(why);
+        assert!(matches!(error, Error::InvalidConfig { field: "dead_letter_stream", .. }), "{why}: {error}");
+    }
+    // A dead-letter key that already holds something else.
+    let blocked = streams.stream("dead-string");
+    let _: () = raw().await.set(&blocked, "not a stream").await.expect("SET");
+    let config = RedisTransportConfig::default().with_dead_letter_stream(&blocked);
+    let error = RedisTransport::connect_with(REDIS_URL, &stream, "g", "c", config).await.expect_err("string key");
+    assert!(matches!(error, Error::InvalidConfig { field: "dead_letter_stream", .. }), "{error}");
+    assert!(error.to_string().contains("not a stream"), "{error}");
+    let error = RedisTransport::connect_with(
+        REDIS_URL,
+        &stream,
+        "g",
+        "c",
+        RedisTransportConfig::default().with_max_block(Duration::ZERO),
+    )
+    .await
+    .expect_err("block 0");
+    assert!(matches!(error, Error::InvalidConfig { field: "max_block", .. }), "{error}");
     let config = RedisPublisherConfig::default().with_max_payload_bytes(0);
     let error = RedisPublisher::connect_with(REDIS_URL, destination(), config).await.expect_err("max 0");
     assert!(matches!(error, Error::InvalidConfig { field: "max_payload_bytes", .. }), "{error}");
+    streams.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
