@@ -1,9 +1,7 @@
-//! What every broker adapter shares: where an event goes ([`Destination`]), the headers that carry its
-//! envelope ([`envelope_headers`], [`decode_message`]), and the consumer contract ([`MessageHandler`]:
-//! decode → inbox dedup → effect → commit, then the adapter acks).
+//! What every broker adapter shares: where an event goes ([`Destination`]) and the headers that carry its
+//! envelope ([`envelope_headers`], [`decode_message`]). The consumer side is [`crate::consume`].
 
 use std::collections::BTreeMap;
-use std::future::Future;
 
 use chrono::{DateTime, Utc};
 
@@ -67,7 +65,8 @@ const ENVELOPE: [&str; 10] = [
 ];
 
 /// Rebuilds an [`OutboxEvent`] from received headers and payload bytes. A message without a valid
-/// envelope is an [`Error::InvalidEvent`]: the consumer parks it instead of acking it in a loop.
+/// envelope (a missing or malformed header, a control character in any header) is an
+/// [`Error::InvalidEvent`]: the consume driver dead-letters it.
 pub fn decode_message(headers: &BTreeMap<String, String>, payload: &[u8]) -> Result<OutboxEvent> {
     let get = |name: &'static str| {
         headers
@@ -82,7 +81,10 @@ pub fn decode_message(headers: &BTreeMap<String, String>, payload: &[u8]) -> Res
     let created_at = match headers.get(header::TIME) {
         None => Utc::now(),
         Some(time) => DateTime::parse_from_rfc3339(time).map(|t| t.with_timezone(&Utc)).map_err(|e| {
-            Error::invalid_event("headers", format!("`{}` is not an RFC 3339 time ({e}): {:?}", header::TIME, one_line(time)))
+            Error::invalid_event(
+                "headers",
+                format!("`{}` is not an RFC 3339 time ({e}): {:?}", header::TIME, one_line(time)),
+            )
         })?,
     };
     for (name, value) in headers {
@@ -220,57 +222,7 @@ impl Destination {
     }
 }
 
-/// What a consumer adapter does with a message after the handler ran.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Disposition {
-    /// Processed or a duplicate: acknowledge it.
-    Ack,
-    /// The handler failed (its transaction rolled back): deliver it again later.
-    Retry,
-    /// It can never be processed (no envelope, unknown type or version, undecodable payload): set it
-    /// aside (dead-letter, or ack after logging) instead of redelivering it forever.
-    Park,
-}
-
-/// A consumer's handler: gets each received message, returns what to do with it. Implemented for async
-/// closures `Fn(OutboxEvent) -> impl Future<Output = Disposition>`; with `outbox-seaorm`, wrap an
-/// `#[idempotent_handler]` and map its result with `outbox_seaorm::disposition`.
-pub trait MessageHandler: Send + Sync + 'static {
-    /// Handles one message.
-    fn handle(&self, message: OutboxEvent) -> impl Future<Output = Disposition> + Send;
-}
-
-impl<F, Fut> MessageHandler for F
-where
-    F: Fn(OutboxEvent) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Disposition> + Send,
-{
-    fn handle(&self, message: OutboxEvent) -> impl Future<Output = Disposition> + Send {
-        self(message)
-    }
-}
-
 pub use crate::text::redact_url;
-
-/// Runs `handler` on `message`; a panic in the handler is caught, logged and answered with
-/// [`Disposition::Retry`] (its transaction was dropped, so nothing was applied), so a consumer keeps running
-/// and the message is not lost.
-pub async fn handle_guarded<H: MessageHandler>(handler: &H, message: OutboxEvent) -> Disposition {
-    use futures_util::FutureExt as _;
-    let id = message.id;
-    match std::panic::AssertUnwindSafe(handler.handle(message)).catch_unwind().await {
-        Ok(disposition) => disposition,
-        Err(panic) => {
-            let reason = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a non-string panic".to_owned());
-            tracing::error!(event_id = %id, %reason, "the message handler panicked; the message will be retried");
-            Disposition::Retry
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -305,14 +257,6 @@ mod tests {
     fn a_message_without_an_envelope_is_rejected_by_name() {
         let err = decode_message(&BTreeMap::new(), b"{}").unwrap_err();
         assert!(err.to_string().contains("`ce_id`"), "{err}");
-    }
-
-    #[tokio::test]
-    async fn a_panicking_handler_asks_for_a_retry_instead_of_killing_the_consumer() {
-        let handler = |_: OutboxEvent| async { panic!("bug in the handler") };
-        assert_eq!(handle_guarded(&handler, sample()).await, Disposition::Retry);
-        let fine = |_: OutboxEvent| async { Disposition::Ack };
-        assert_eq!(handle_guarded(&fine, sample()).await, Disposition::Ack);
     }
 
     #[test]

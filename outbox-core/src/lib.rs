@@ -34,9 +34,9 @@ pub mod schema_lock;
 mod store;
 mod text;
 
-pub use broker::{Destination, Disposition, MessageHandler};
-pub use consume::{Consumer, ConsumerConfig, ConsumerStats, EventHandler, Handled, Received, Transport};
+pub use broker::Destination;
 pub use config::{Backoff, ClaimMode, DeadLetterPolicy, RelayConfig};
+pub use consume::{Consumer, ConsumerConfig, ConsumerStats, EventHandler, Handled, Received, Transport};
 pub use envelope::{
     DEFAULT_MAX_PAYLOAD_BYTES, EventId, Headers, MAX_AGGREGATE_ID_LEN, MAX_AGGREGATE_TYPE_LEN, MAX_EVENT_TYPE_LEN,
     MAX_HEADER_NAME_LEN, NewEvent, OutboxEvent, check_name,

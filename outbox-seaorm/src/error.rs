@@ -31,28 +31,3 @@ pub enum InboxError<E> {
     #[error(transparent)]
     Outbox(#[from] Error),
 }
-
-impl<E> InboxError<E> {
-    /// What a broker consumer should do with the message: park it when it can never be processed
-    /// (unknown event type or version, undecodable payload, invalid id), retry it otherwise.
-    pub fn disposition(&self) -> outbox_core::Disposition {
-        match self {
-            InboxError::Outbox(
-                Error::UnknownEventType { .. }
-                | Error::UnsupportedVersion { .. }
-                | Error::Deserialize { .. }
-                | Error::InvalidEvent { .. },
-            ) => outbox_core::Disposition::Park,
-            _ => outbox_core::Disposition::Retry,
-        }
-    }
-}
-
-/// The [`Disposition`](outbox_core::Disposition) of a handler's result: ack processed messages and
-/// duplicates, park the unprocessable, retry the rest.
-pub fn disposition<T, E>(result: &Result<outbox_core::InboxOutcome<T>, InboxError<E>>) -> outbox_core::Disposition {
-    match result {
-        Ok(_) => outbox_core::Disposition::Ack,
-        Err(error) => error.disposition(),
-    }
-}

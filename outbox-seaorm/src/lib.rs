@@ -62,7 +62,7 @@ pub mod __private;
 
 pub use connect::{SUPPORTED_SCHEMES, connect};
 pub use enqueue::{enqueue, enqueue_all};
-pub use error::{InboxError, disposition};
+pub use error::InboxError;
 pub use inbox::handle_once;
 pub use migration::{Migrator, migrate, migrations};
 pub use store::{SeaOrmBatch, SeaOrmStore};
@@ -86,7 +86,7 @@ macro_rules! emit {
 /// The names most apps need: `use outbox_seaorm::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        DomainEvent, InboxOutcome, NewEvent, Relay, RelayConfig, SeaOrmStore, emit, idempotent_handler,
-        transactional_outbox,
+        Consumer, ConsumerConfig, DomainEvent, InboxOutcome, NewEvent, Received, Relay, RelayConfig, SeaOrmStore, emit,
+        idempotent_handler, transactional_outbox,
     };
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{CAP, after, count_inbox, count_published, count_table, fast_config, outbox_row, outbox_rows};
-use outbox_integration_tests::contract::{Running, case_db, counting_consumer, eventually};
+use outbox_integration_tests::contract::{RawMessage, Running, case_db, counting_consumer, eventually};
 use outbox_integration_tests::proxy::{Proxy, server_available};
 use outbox_integration_tests::{TestDb, all_backends};
 use outbox_seaorm::brokers::nats::async_nats::connection::State;
@@ -443,7 +443,7 @@ async fn bad_messages_are_dead_lettered_once_with_their_payload_and_headers() {
 
         let dead = nats.dead_letters(durable).await;
         assert_eq!(dead.len(), 3, "{durable}: {dead:?}");
-        let find = |what: &str, pick: &dyn Fn(&(BTreeMap<String, String>, Vec<u8>)) -> bool| {
+        let find = |what: &str, pick: &dyn Fn(&RawMessage) -> bool| {
             dead.iter().find(|d| pick(d)).unwrap_or_else(|| panic!("{durable}: no dead letter {what}: {dead:?}"))
         };
         find("with the raw payload", &|(_, p)| p.as_slice() == b"not an outbox message");

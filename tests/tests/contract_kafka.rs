@@ -236,6 +236,9 @@ impl Fixture for Kafka {
     async fn teardown(self) {
         let topics = [self.topic.clone(), format!("{}.dlq", self.topic)];
         let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        // The fixture's clients go first: librdkafka 2.12 can crash (a NULL topic name in its metadata
+        // cache) when a live client's metadata refresh meets a topic deleted under it.
+        drop(self);
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
         // The dead-letter topic exists only when something was dead-lettered.
         let _ = admin().delete_topics(&names, &options).await;

@@ -1,4 +1,4 @@
-//! Kafka plumbing for scenario ④ through a broker: a fresh topic, a publisher and a consumer on it.
+//! Kafka plumbing for scenario ④ through a broker: a fresh topic, a publisher and a transport on it.
 
 use std::time::Duration;
 
@@ -6,7 +6,7 @@ use outbox_seaorm::Destination;
 use outbox_seaorm::brokers::kafka::rdkafka::ClientConfig;
 use outbox_seaorm::brokers::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use outbox_seaorm::brokers::kafka::rdkafka::client::DefaultClientContext;
-use outbox_seaorm::brokers::kafka::{KafkaConsumer, KafkaPublisher, Subscription, bootstrap_servers};
+use outbox_seaorm::brokers::kafka::{KafkaPublisher, KafkaTransport, Subscription, bootstrap_servers};
 
 use crate::app::Result;
 
@@ -30,9 +30,8 @@ pub async fn publisher(url: &str, topic: &str) -> Result<KafkaPublisher> {
     Ok(KafkaPublisher::connect(url, Destination::fixed(topic)?, &[])?)
 }
 
-/// A consumer of every partition of `topic`, assigned directly (no group join to wait for).
-pub async fn consumer(url: &str, topic: &str) -> Result<KafkaConsumer> {
+/// A transport reading every partition of `topic`, assigned directly (no group join to wait for).
+pub async fn transport(url: &str, topic: &str) -> Result<KafkaTransport> {
     let partitions = (0..PARTITIONS).map(|p| (topic.to_owned(), p)).collect();
-    Ok(KafkaConsumer::connect(url, "lab-billing", Subscription::Partitions(partitions), &[])?
-        .with_retry_delay(Duration::from_millis(100)))
+    Ok(KafkaTransport::connect(url, "lab-billing", Subscription::Partitions(partitions), &[])?)
 }

@@ -1,61 +1,28 @@
 //! Scenario ④ through a real broker (`--broker URL`): the relay publishes through the broker's adapter
-//! with the same outage and lost acks, and billing consumes from the broker through its inbox.
+//! with the same outage and lost acks, and billing consumes from the broker with the consume driver and
+//! its inbox. Then billing breaks for one order: the driver retries it, dead-letters it at the broker, and
+//! after the fix a replay from the dead letters bills it once.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
 use outbox_seaorm::brokers::BrokerKind;
-use outbox_seaorm::brokers::nats::{NatsConsumer, NatsPublisher};
-use outbox_seaorm::brokers::rabbitmq::{RabbitConsumer, RabbitPublisher};
-use outbox_seaorm::brokers::redis::{RedisConsumer, RedisPublisher};
+use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport};
+use outbox_seaorm::brokers::rabbitmq::{RabbitPublisher, RabbitTransport};
+use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport};
+use outbox_seaorm::consume::{ReplayDeadLetters, Transport};
 use outbox_seaorm::{
-    CancellationToken, Destination, Disposition, EventId, FaultyPublisher, OutboxEvent, OutboxStore, Publisher, Relay,
-    RelayConfig, SeaOrmStore,
+    Backoff, CancellationToken, Consumer, ConsumerConfig, Destination, EventId, FaultyPublisher, OutboxStore,
+    Publisher, Received, Relay, RelayConfig, SeaOrmStore,
 };
-use sea_orm::DatabaseConnection;
 
-use crate::app::{self, Order, Result};
+use crate::app::{self, Order, OrderPlaced, Result};
 use crate::{BACKOFF, Checks, Lab, StepClock, drain, json};
 
-/// What billing saw, counted as messages arrive.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-struct Tally {
-    delivered: usize,
-    processed: usize,
-    duplicate: usize,
-}
-
-type SharedTally = Arc<Mutex<Tally>>;
-
-fn snapshot(tally: &SharedTally) -> Tally {
-    *tally.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The billing handler every consumer runs: inbox dedup and the invoice in one transaction, counted.
-fn billing(
-    db: DatabaseConnection,
-    tally: SharedTally,
-) -> impl Fn(OutboxEvent) -> BillingFuture + Send + Sync + 'static {
-    move |message: OutboxEvent| {
-        let (db, tally) = (db.clone(), tally.clone());
-        Box::pin(async move {
-            let result = app::bill(&db, &message).await;
-            {
-                let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
-                t.delivered += 1;
-                match &result {
-                    Ok(outcome) if outcome.is_processed() => t.processed += 1,
-                    Ok(_) => t.duplicate += 1,
-                    Err(error) => tracing::warn!(%error, "billing failed"),
-                }
-            }
-            outbox_seaorm::disposition(&result)
-        })
-    }
-}
-
-type BillingFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Disposition> + Send>>;
+/// The order whose billing is broken until the fix is deployed.
+const BROKEN_ORDER: &str = "o21";
 
 /// A short id that keeps this run's streams, queues and topics apart from any other run's.
 fn run_id() -> String {
@@ -63,34 +30,46 @@ fn run_id() -> String {
     id[id.len() - 8..].to_owned()
 }
 
+/// Billing: the inbox handler for `order.placed`, failing for [`BROKEN_ORDER`] while `broken` is set.
+fn billing(lab: &Lab, broken: Arc<AtomicBool>) -> Result<Consumer> {
+    let db = lab.db.clone();
+    let config = ConsumerConfig::default()
+        .with_max_deliveries(3)
+        .with_backoff(Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200), multiplier: 2 })
+        .with_fetch_wait(Duration::from_millis(200));
+    Ok(Consumer::new("billing")?.with_config(config)?.on::<OrderPlaced>(move |placed: Received<OrderPlaced>| {
+        let (db, broken) = (db.clone(), broken.clone());
+        async move {
+            if broken.load(Ordering::SeqCst) && placed.event.order_id == BROKEN_ORDER {
+                return Err(format!("billing is broken for {BROKEN_ORDER} (fixed in the next deploy)"));
+            }
+            app::bill(&db, &placed.envelope).await.map_err(|e| e.to_string())
+        }
+    }))
+}
+
 /// Runs scenario ④ through the broker at `url`.
 pub async fn flaky_broker_through(lab: &Lab, url: &str, checks: &mut Checks) -> Result<()> {
     let kind = BrokerKind::from_url(url)?;
     println!(
         "④ twenty orders through {kind:?} at {}; the broker is down three times and four acks are lost:",
-        outbox_seaorm::broker::redact_url(url)
+        outbox_seaorm::redact_url(url)
     );
     app::reset(&lab.db).await?;
     for i in 1..=20 {
         app::place_order(&lab.db, &Order::new(format!("o{i}"), format!("u{i}"), 1000 * i)).await?;
     }
-    let tally = SharedTally::default();
-    let handler = billing(lab.db.clone(), tally.clone());
-    let shutdown = CancellationToken::new();
     let run = run_id();
-    // Each arm builds the publisher and a running consumer, then shares the rest of the scenario.
-    let (broker_dedups, consumer, cleanup): (bool, tokio::task::JoinHandle<Result<()>>, Cleanup) = match kind {
+    match kind {
         BrokerKind::Nats => {
             let stream = format!("LAB{run}");
             let publisher =
                 NatsPublisher::connect(url, Destination::parse(&format!("lab{run}.{{event_type}}"))?).await?;
             publisher.ensure_stream(&stream, &[&format!("lab{run}.>")]).await?;
-            let consumer = NatsConsumer::connect(url, &stream, "billing", None).await?;
-            let token = shutdown.clone();
-            let task = tokio::spawn(async move { Ok(consumer.run(handler, token).await?) });
-            relay_through(lab, publisher.clone(), checks).await?;
-            let cleanup = Cleanup::Nats(Box::new(publisher), stream);
-            (true, task, cleanup)
+            let transport = NatsTransport::connect(url, &stream, "billing", None).await?;
+            let outcome = through(lab, &publisher, transport, true, checks).await;
+            cleanup("NATS", async { Ok(publisher.jetstream().delete_stream(&stream).await.map(|_| ())?) }).await;
+            outcome
         }
         BrokerKind::RabbitMq => {
             let (exchange, queue) = (format!("lab-{run}"), format!("lab-{run}-billing"));
@@ -98,71 +77,130 @@ pub async fn flaky_broker_through(lab: &Lab, url: &str, checks: &mut Checks) -> 
                 RabbitPublisher::connect(url, &exchange, Destination::parse("{aggregate_type}.{event_type}")?).await?;
             publisher.declare_exchange(&exchange).await?;
             publisher.declare_queue(&exchange, &queue, "#").await?;
-            let consumer = RabbitConsumer::connect(url, &queue, "billing").await?;
-            let token = shutdown.clone();
-            let task = tokio::spawn(async move { Ok(consumer.run(handler, token).await?) });
-            relay_through(lab, publisher, checks).await?;
-            (false, task, Cleanup::Rabbit(url.to_owned(), exchange, queue))
+            let transport = RabbitTransport::connect(url, &queue, "billing").await?;
+            let outcome = through(lab, &publisher, transport, false, checks).await;
+            cleanup("RabbitMQ", async {
+                publisher.delete_queue(&queue).await?;
+                publisher.delete_queue(&format!("{queue}.dead")).await?;
+                Ok(publisher.delete_exchange(&exchange).await?)
+            })
+            .await;
+            outcome
         }
         BrokerKind::Redis => {
             let stream = format!("lab:{run}");
             let publisher = RedisPublisher::connect(url, Destination::fixed(&stream)?).await?;
-            let consumer = RedisConsumer::connect(url, &stream, "billing", "lab").await?;
-            let token = shutdown.clone();
-            let task = tokio::spawn(async move { Ok(consumer.run(handler, token).await?) });
-            relay_through(lab, publisher, checks).await?;
-            (false, task, Cleanup::Redis(url.to_owned(), stream))
+            let transport = RedisTransport::connect(url, &stream, "billing", "lab").await?;
+            let outcome = through(lab, &publisher, transport, false, checks).await;
+            cleanup("Redis", async {
+                use outbox_seaorm::brokers::redis::redis;
+                let mut conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
+                Ok(redis::cmd("DEL").arg(&stream).arg(format!("{stream}:dead")).query_async::<()>(&mut conn).await?)
+            })
+            .await;
+            outcome
         }
         BrokerKind::Kafka => {
             let topic = format!("lab-{run}");
             crate::kafka::create_topic(url, &topic).await?;
             let publisher = crate::kafka::publisher(url, &topic).await?;
-            let consumer = crate::kafka::consumer(url, &topic).await?;
-            let token = shutdown.clone();
-            let task = tokio::spawn(async move { Ok(consumer.run(handler, token).await?) });
-            relay_through(lab, publisher, checks).await?;
-            (false, task, Cleanup::None)
+            let transport = crate::kafka::transport(url, &topic).await?;
+            through(lab, &publisher, transport, false, checks).await
         }
+    }
+}
+
+/// Relays the twenty orders through `publisher` while billing consumes from `transport`, then breaks
+/// billing for one more order, dead-letters it, fixes billing and replays it.
+async fn through<P, T>(lab: &Lab, publisher: &P, transport: T, broker_dedups: bool, checks: &mut Checks) -> Result<()>
+where
+    P: Publisher,
+    T: Transport + ReplayDeadLetters + 'static,
+{
+    let broken = Arc::new(AtomicBool::new(true));
+    let consumer = Arc::new(billing(lab, broken.clone())?);
+    let transport = Arc::new(transport);
+    let shutdown = CancellationToken::new();
+    let task = {
+        let (consumer, transport, token) = (consumer.clone(), transport.clone(), shutdown.clone());
+        tokio::spawn(async move { consumer.run(&*transport, token).await })
     };
+    relay_through(lab, publisher, true, checks).await?;
 
     // Twenty events reach billing; the four republished after lost acks arrive too unless the broker
     // dropped them by event id.
     let expected = if broker_dedups { 20 } else { 24 };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while tokio::time::Instant::now() < deadline {
-        let t = snapshot(&tally);
-        if t.processed >= 20 && t.delivered >= expected {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let delivered = |c: &Consumer| c.stats().processed + c.stats().duplicates;
+    wait_until(Duration::from_secs(30), || consumer.stats().processed >= 20 && delivered(&consumer) >= expected).await;
     // A moment more, so a late duplicate would be counted.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    shutdown.cancel();
-    consumer.await??;
-    cleanup.run().await;
-
-    let t = snapshot(&tally);
+    let stats = consumer.stats();
     let (invoices, total, billed_orders) = app::invoices(&lab.db).await?;
-    let dropped_by_broker = 24 - t.delivered;
-    println!("   billing got {} messages: {} ← invoices: {invoices}, totalling {total}", t.delivered, json(&t));
+    let dropped_by_broker = 24 - delivered(&consumer);
+    println!(
+        "   billing got {} messages: {} ← invoices: {invoices}, totalling {total}",
+        delivered(&consumer),
+        json(&stats_json(&consumer))
+    );
     if broker_dedups {
         println!("   the broker itself dropped {dropped_by_broker} republished messages by event id");
     } else {
-        println!("   the broker kept the {} republished messages; the inbox dropped them", t.duplicate);
+        println!("   the broker kept the {} republished messages; the inbox dropped them", stats.duplicates);
     }
-    checks.check("billing processed 20", t.processed == 20);
-    checks.check("every duplicate was dropped, by the broker or by the inbox", dropped_by_broker + t.duplicate == 4);
+    checks.check("billing processed 20", stats.processed == 20);
+    checks
+        .check("every duplicate was dropped, by the broker or by the inbox", dropped_by_broker + stats.duplicates == 4);
     checks.check("20 invoices, one per order", invoices == 20 && billed_orders == 20);
     checks.check("totalling 210000", total == 210_000);
+
+    println!(
+        "   billing breaks for order {BROKEN_ORDER}: three deliveries fail, then it is dead-lettered at the broker"
+    );
+    app::place_order(&lab.db, &Order::new(BROKEN_ORDER, "u21", 21_000)).await?;
+    relay_through(lab, publisher, false, checks).await?;
+    wait_until(Duration::from_secs(30), || consumer.stats().dead_lettered >= 1).await;
+    let stats = consumer.stats();
+    checks.check(
+        "the broken order was dead-lettered once, after 2 retries",
+        stats.dead_lettered == 1 && stats.retried == 2,
+    );
+    checks.check("and not billed", app::invoices(&lab.db).await?.0 == 20);
+
+    broken.store(false, Ordering::SeqCst);
+    let replayed = transport.replay_dead_letters(10).await?;
+    println!("   billing is fixed; {replayed} dead letter replayed to its original destination");
+    wait_until(Duration::from_secs(30), || consumer.stats().processed >= 21).await;
+    shutdown.cancel();
+    task.await??;
+    let (invoices, total, _) = app::invoices(&lab.db).await?;
+    println!("   invoices: {invoices}, totalling {total}; billing: {}", json(&stats_json(&consumer)));
+    checks.check(
+        "the replayed order was billed once: 21 invoices totalling 231000",
+        replayed == 1 && invoices == 21 && total == 231_000,
+    );
     Ok(())
 }
 
-/// Publishes the twenty orders through `publisher` with three rejected sends and four lost acks.
-async fn relay_through<P: Publisher>(lab: &Lab, publisher: P, checks: &mut Checks) -> Result<()> {
+fn stats_json(consumer: &Consumer) -> serde_json::Value {
+    let s = consumer.stats();
+    serde_json::json!({ "processed": s.processed, "duplicates": s.duplicates, "retried": s.retried, "dead_lettered": s.dead_lettered })
+}
+
+async fn wait_until(limit: Duration, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !done() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Publishes the pending orders through `publisher`, with three rejected sends and four lost acks when
+/// `faults` is set.
+async fn relay_through<P: Publisher>(lab: &Lab, publisher: P, faults: bool, checks: &mut Checks) -> Result<()> {
     let faulty = FaultyPublisher::new(publisher);
-    faulty.go_down_for(3);
-    faulty.lose_acks(4);
+    if faults {
+        faulty.go_down_for(3);
+        faulty.lose_acks(4);
+    }
     let config = RelayConfig::default().with_batch_size(5).with_backoff(BACKOFF);
     let relay = Relay::new(SeaOrmStore::new(lab.db.clone()), faulty, config)?;
     let passes = drain(&relay, &mut StepClock::new()).await?;
@@ -172,38 +210,9 @@ async fn relay_through<P: Publisher>(lab: &Lab, publisher: P, checks: &mut Check
     Ok(())
 }
 
-/// What to remove from the broker afterwards.
-enum Cleanup {
-    Nats(Box<NatsPublisher>, String),
-    Rabbit(String, String, String),
-    Redis(String, String),
-    None,
-}
-
-impl Cleanup {
-    async fn run(self) {
-        let outcome: Result<()> = async {
-            match self {
-                Cleanup::Nats(publisher, stream) => {
-                    publisher.jetstream().delete_stream(&stream).await?;
-                }
-                Cleanup::Rabbit(url, exchange, queue) => {
-                    let admin = RabbitPublisher::connect(&url, &exchange, Destination::fixed("cleanup")?).await?;
-                    admin.delete_queue(&queue).await?;
-                    admin.delete_exchange(&exchange).await?;
-                }
-                Cleanup::Redis(url, stream) => {
-                    use outbox_seaorm::brokers::redis::redis;
-                    let mut conn = redis::Client::open(url.as_str())?.get_multiplexed_async_connection().await?;
-                    redis::cmd("DEL").arg(&stream).arg(format!("{stream}:dead")).query_async::<()>(&mut conn).await?;
-                }
-                Cleanup::None => {}
-            }
-            Ok(())
-        }
-        .await;
-        if let Err(error) = outcome {
-            tracing::warn!(%error, "cleaning up the broker failed");
-        }
+/// Removes what the scenario created at the broker; a failure is only logged.
+async fn cleanup(broker: &str, work: impl std::future::Future<Output = Result<()>>) {
+    if let Err(error) = work.await {
+        tracing::warn!(%error, broker, "cleaning up the broker failed");
     }
 }

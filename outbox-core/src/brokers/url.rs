@@ -62,7 +62,13 @@ impl BrokerUrl {
         for host in hosts_part.split(',') {
             hosts.push(parse_host(host).map_err(&invalid)?);
         }
-        Ok(BrokerUrl { raw: trimmed.to_owned(), kind, scheme: scheme.to_ascii_lowercase(), hosts, path: path.to_owned() })
+        Ok(BrokerUrl {
+            raw: trimmed.to_owned(),
+            kind,
+            scheme: scheme.to_ascii_lowercase(),
+            hosts,
+            path: path.to_owned(),
+        })
     }
 
     /// Checks the URL names `kind`; otherwise an [`Error::InvalidConfig`] saying what `adapter` expects,
@@ -73,7 +79,12 @@ impl BrokerUrl {
         }
         Err(Error::invalid_config(
             "broker_url",
-            format!("{} is a {:?} URL; this adapter expects {:?} URLs such as {example}", self.redacted(), self.kind, kind),
+            format!(
+                "{} is a {:?} URL; this adapter expects {:?} URLs such as {example}",
+                self.redacted(),
+                self.kind,
+                kind
+            ),
         ))
     }
 

@@ -168,3 +168,9 @@ fn pending_partitions(reader: &StreamConsumer<KafkaContext>, topics: &[String]) 
     }
     Ok(pending)
 }
+
+impl crate::consume::ReplayDeadLetters for KafkaTransport {
+    async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
+        KafkaTransport::replay_dead_letters(self, max).await
+    }
+}

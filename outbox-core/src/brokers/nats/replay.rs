@@ -118,3 +118,9 @@ impl NatsTransport {
         }
     }
 }
+
+impl crate::consume::ReplayDeadLetters for NatsTransport {
+    async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
+        NatsTransport::replay_dead_letters(self, max).await
+    }
+}

@@ -85,3 +85,9 @@ impl RabbitTransport {
         Ok(moved)
     }
 }
+
+impl crate::consume::ReplayDeadLetters for RabbitTransport {
+    async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
+        RabbitTransport::replay_dead_letters(self, max).await
+    }
+}

@@ -102,3 +102,9 @@ impl RedisTransport {
         Ok(moved)
     }
 }
+
+impl crate::consume::ReplayDeadLetters for RedisTransport {
+    async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
+        RedisTransport::replay_dead_letters(self, max).await
+    }
+}
