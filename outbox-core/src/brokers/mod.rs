@@ -48,6 +48,16 @@ impl BrokerKind {
     pub fn from_url(url: &str) -> Result<BrokerKind> {
         BrokerUrl::parse(url).map(|url| url.kind())
     }
+
+    /// The broker's name in messages: `NATS`, `Kafka`, `RabbitMQ`, `Redis`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BrokerKind::Nats => "NATS",
+            BrokerKind::Kafka => "Kafka",
+            BrokerKind::RabbitMq => "RabbitMQ",
+            BrokerKind::Redis => "Redis",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -80,10 +80,10 @@ impl BrokerUrl {
         Err(Error::invalid_config(
             "broker_url",
             format!(
-                "{} is a {:?} URL; this adapter expects {:?} URLs such as {example}",
+                "{} is not a {} URL (its scheme names {}); expected e.g. {example}",
                 self.redacted(),
-                self.kind,
-                kind
+                kind.name(),
+                self.kind.name()
             ),
         ))
     }

@@ -132,6 +132,18 @@ impl ConsumerConfig {
         self
     }
 
+    /// Sets [`max_in_flight`](Self::max_in_flight).
+    pub fn with_max_in_flight(mut self, max_in_flight: usize) -> Self {
+        self.max_in_flight = max_in_flight;
+        self
+    }
+
+    /// Sets [`max_payload_bytes`](Self::max_payload_bytes).
+    pub fn with_max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
+    }
+
     /// Sets [`concurrency`](Self::concurrency).
     pub fn with_concurrency(mut self, concurrency: usize) -> Self {
         self.concurrency = concurrency;

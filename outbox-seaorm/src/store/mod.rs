@@ -269,14 +269,7 @@ fn fenced_update(seqs: Vec<i64>, token: Option<&str>) -> UpdateStatement {
 }
 
 fn truncate(message: &str) -> String {
-    if message.len() <= MAX_ERROR_BYTES {
-        return message.to_owned();
-    }
-    let mut end = MAX_ERROR_BYTES;
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &message[..end])
+    outbox_core::truncate(message, MAX_ERROR_BYTES + '…'.len_utf8())
 }
 
 async fn mark<C: ConnectionTrait>(

@@ -3,9 +3,8 @@
 use std::time::Duration;
 
 use crate::broker::Destination;
-use crate::brokers::BrokerKind;
+use crate::brokers::{BrokerKind, BrokerUrl};
 use crate::error::{Error, Result};
-use crate::text::redact_url;
 
 use super::BROKER;
 
@@ -46,20 +45,8 @@ pub(super) fn connect_options() -> async_nats::ConnectOptions {
 
 /// Checks `url` is a `nats://` URL (or `tls://`/`ws://`/`wss://`, which async-nats also speaks) and connects.
 pub(super) async fn connect_client(url: &str, options: async_nats::ConnectOptions) -> Result<async_nats::Client> {
-    let shown = redact_url(url);
-    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-    match scheme.as_deref() {
-        Some("tls" | "ws" | "wss") => {}
-        _ => {
-            if BrokerKind::from_url(&shown)? != BrokerKind::Nats {
-                return Err(Error::invalid_config(
-                    "broker_url",
-                    format!("{shown:?} is not a NATS URL; expected nats://host:4222"),
-                ));
-            }
-        }
-    }
-    options.connect(url).await.map_err(|e| Error::broker(BROKER, format!("connect to {shown}"), e))
+    let url = BrokerUrl::parse(url)?.expect(BrokerKind::Nats, "nats://host:4222")?;
+    options.connect(url.expose()).await.map_err(|e| Error::broker(BROKER, format!("connect to {url}"), e))
 }
 
 /// Why `subject` is not a valid NATS publish subject, if it is not.

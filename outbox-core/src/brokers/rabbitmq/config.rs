@@ -9,7 +9,7 @@ use lapin::types::{AMQPValue, ShortString};
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
-use crate::brokers::BrokerKind;
+use crate::brokers::{BrokerKind, BrokerUrl};
 use crate::error::{Error, Result};
 use crate::text::{redact_url, truncate};
 
@@ -57,16 +57,7 @@ impl fmt::Debug for Endpoint {
 impl Endpoint {
     /// Checks `url` before any connection attempt: an AMQP scheme, a host, a valid port and vhost.
     pub(super) fn parse(url: &str) -> Result<Self> {
-        let kind = BrokerKind::from_url(url)?;
-        if kind != BrokerKind::RabbitMq {
-            return Err(Error::invalid_config(
-                "broker_url",
-                format!(
-                    "is a {kind:?} URL ({}); the RabbitMQ adapter expects amqp://user:pass@host:5672/%2f",
-                    redact_url(url)
-                ),
-            ));
-        }
+        BrokerUrl::parse(url)?.expect(BrokerKind::RabbitMq, "amqp://user:pass@host:5672/%2f")?;
         let mut uri: AMQPUri = url.parse().map_err(|e: String| {
             Error::invalid_config("broker_url", format!("{} is not a valid AMQP URL: {e}", redact_url(url)))
         })?;

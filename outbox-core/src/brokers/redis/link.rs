@@ -7,23 +7,15 @@ use ::redis::aio::MultiplexedConnection;
 use ::redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, Value};
 use tokio::sync::Mutex;
 
-use crate::brokers::BrokerKind;
+use crate::brokers::{BrokerKind, BrokerUrl};
 use crate::error::{Error, Result};
 use crate::text::redact_url;
 
 /// Checks `url` before connecting: a `redis://` or `rediss://` URL with a host that the client accepts.
 pub(super) fn open_client(url: &str) -> Result<Client> {
-    let shown = redact_url(url);
-    if BrokerKind::from_url(url)? != BrokerKind::Redis {
-        return Err(Error::invalid_config(
-            "broker_url",
-            format!(
-                "{shown:?} is not a Redis URL; the Redis Streams adapter expects redis://host:6379 or rediss://host:6379"
-            ),
-        ));
-    }
-    Client::open(url)
-        .map_err(|e| Error::invalid_config("broker_url", format!("{shown:?} is not a valid Redis URL: {e}")))
+    let url = BrokerUrl::parse(url)?.expect(BrokerKind::Redis, "redis://host:6379 or rediss://host:6379")?;
+    Client::open(url.expose())
+        .map_err(|e| Error::invalid_config("broker_url", format!("{url:?} is not a valid Redis URL: {e}")))
 }
 
 /// Whether an error means the connection is unusable and the next command should open a new one.
