@@ -83,12 +83,12 @@ pub type Headers = BTreeMap<String, String>;
 /// An event ready to be written to the outbox, validated on construction.
 ///
 /// ```
-/// use outbox_core::NewEvent;
+/// use outbox_runtime::NewEvent;
 /// let event = NewEvent::new("order", "o-1", "order.placed", &serde_json::json!({"total_minor": 4900}))?
 ///     .with_schema_version(2)
 ///     .with_header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")?;
 /// assert_eq!(event.schema_version(), 2);
-/// # Ok::<(), outbox_core::Error>(())
+/// # Ok::<(), outbox_runtime::Error>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct NewEvent {

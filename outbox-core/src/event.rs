@@ -100,9 +100,9 @@ pub trait DomainEvent: Serialize + DeserializeOwned + Send + Sync + 'static {
 ///
 /// Call it from a test with every event type of the crate:
 /// ```no_run
-/// # use outbox_core::{DomainEvent, EventSchema};
+/// # use outbox_runtime::{DomainEvent, EventSchema};
 /// # fn schemas() -> Vec<EventSchema> { vec![] }
-/// outbox_core::verify_events_lock(concat!(env!("CARGO_MANIFEST_DIR"), "/events.lock"), &schemas()).unwrap();
+/// outbox_runtime::verify_events_lock(concat!(env!("CARGO_MANIFEST_DIR"), "/events.lock"), &schemas()).unwrap();
 /// ```
 pub fn verify_events_lock(path: impl AsRef<Path>, schemas: &[EventSchema]) -> std::result::Result<(), String> {
     let path = path.as_ref();

@@ -18,6 +18,8 @@
 //! an earlier event of its aggregate is unpublished, with one relay or many. A dead event blocks its
 //! aggregate unless [`DeadLetterPolicy::SkipDead`] is chosen.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod broker;
 pub mod brokers;
 mod config;
@@ -30,7 +32,7 @@ mod inbox;
 mod memory;
 mod publisher;
 mod relay;
-pub mod schema_lock;
+pub use outbox_schema_lock as schema_lock;
 mod store;
 mod text;
 

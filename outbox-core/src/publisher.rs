@@ -44,7 +44,7 @@ impl PublishError {
 /// confirmed, so an implementation may publish a call's events concurrently without breaking order.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an outbox publisher",
-    note = "implement `outbox_core::Publisher` for it, or use one of the broker adapters"
+    note = "implement `outbox_runtime::Publisher` for it, or use one of the broker adapters"
 )]
 pub trait Publisher: Send + Sync {
     /// Publishes `events`, returning one result per event.

@@ -19,9 +19,7 @@ mod connection;
 mod diagnostics;
 mod domain_event;
 mod handler;
-#[allow(dead_code, missing_docs)]
-#[path = "../../outbox-core/src/schema_lock.rs"]
-mod schema_lock;
+use outbox_schema_lock as schema_lock;
 mod signature;
 mod transactional;
 

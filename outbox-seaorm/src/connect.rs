@@ -1,5 +1,6 @@
 //! Opening a database for the outbox from a URL.
 
+#[cfg(feature = "sqlx-sqlite")]
 use std::time::Duration;
 
 use sea_orm::{ConnectOptions, Database, DatabaseConnection};
@@ -20,9 +21,16 @@ pub async fn connect(url: &str) -> Result<DatabaseConnection> {
             format!("has scheme {scheme:?}; expected one of {}", SUPPORTED_SCHEMES.join(", ")),
         ));
     }
+    if let Some(feature) = missing_driver(&scheme) {
+        return Err(Error::invalid_config(
+            "database_url",
+            format!("has scheme {scheme:?}, but outbox-seaorm was built without its `{feature}` feature; enable it"),
+        ));
+    }
     let url = if scheme == "mariadb" { format!("mysql{}", &url["mariadb".len()..]) } else { url.to_owned() };
     let mut options = ConnectOptions::new(url);
     options.sqlx_logging(false);
+    #[cfg(feature = "sqlx-sqlite")]
     if scheme == "sqlite" {
         options.map_sqlx_sqlite_opts(|opts| opts.busy_timeout(Duration::from_secs(10)));
     }
@@ -36,4 +44,14 @@ pub async fn connect(url: &str) -> Result<DatabaseConnection> {
         },
         source: Box::new(e),
     })
+}
+
+/// The cargo feature `scheme` needs, when this build lacks it.
+fn missing_driver(scheme: &str) -> Option<&'static str> {
+    match scheme {
+        "postgres" | "postgresql" if !cfg!(feature = "sqlx-postgres") => Some("sqlx-postgres"),
+        "mysql" | "mariadb" if !cfg!(feature = "sqlx-mysql") => Some("sqlx-mysql"),
+        "sqlite" if !cfg!(feature = "sqlx-sqlite") => Some("sqlx-sqlite"),
+        _ => None,
+    }
 }

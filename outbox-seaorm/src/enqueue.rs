@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use chrono::Utc;
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, TransactionSession, TransactionTrait};
 
-use outbox_core::{EventId, NewEvent};
+use outbox_runtime::{EventId, NewEvent};
 
 use crate::error::{Result, store_error};
 use crate::sql::{KeyedSelect, Sql};
@@ -72,9 +72,8 @@ impl<'e> Rows<'e> {
         for event in chunk {
             let n = counts.entry((event.aggregate_type(), event.aggregate_id())).or_insert(0);
             *n += 1;
-            let headers = serde_json::to_string(event.headers()).map_err(|source| outbox_core::Error::Serialize {
-                event_type: event.event_type().to_owned(),
-                source,
+            let headers = serde_json::to_string(event.headers()).map_err(|source| {
+                outbox_runtime::Error::Serialize { event_type: event.event_type().to_owned(), source }
             })?;
             events.push((event, *n, headers));
         }

@@ -2,7 +2,7 @@
 
 use sea_orm::{DbBackend, DbErr};
 
-pub use outbox_core::{Error, Result};
+pub use outbox_runtime::{Error, Result};
 
 /// A readable name for a backend, used in error messages.
 pub(crate) fn backend_name(backend: DbBackend) -> &'static str {

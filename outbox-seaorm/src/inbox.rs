@@ -3,7 +3,7 @@
 use chrono::Utc;
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, Statement, TransactionTrait};
 
-use outbox_core::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
+use outbox_runtime::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 
 use crate::error::{InboxError, store_error};
 
@@ -33,8 +33,8 @@ where
     C: ConnectionTrait + TransactionTrait<Transaction = DatabaseTransaction>,
     F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
 {
-    outbox_core::check_name("consumer", consumer, MAX_CONSUMER_LEN)?;
-    outbox_core::check_name("message_id", message_id, MAX_MESSAGE_ID_LEN)?;
+    outbox_runtime::check_name("consumer", consumer, MAX_CONSUMER_LEN)?;
+    outbox_runtime::check_name("message_id", message_id, MAX_MESSAGE_ID_LEN)?;
     let backend = db.get_database_backend();
     let txn = db.begin().await.map_err(|e| store_error("begin", "inbox_messages", backend, e))?;
     let inserted = txn

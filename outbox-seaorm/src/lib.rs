@@ -1,7 +1,7 @@
 //! # outbox-seaorm
 //!
 //! The transactional outbox for SeaORM 2.x apps on PostgreSQL, MySQL/MariaDB and SQLite: the crate an app
-//! depends on. It re-exports [`outbox_core`] (envelope, relay, publishers) and adds the store.
+//! depends on. It re-exports [`outbox_runtime`] (envelope, relay, publishers) and adds the store.
 //!
 //! ## Quick start
 //! ```no_run
@@ -36,21 +36,28 @@
 
 //!
 //! ## Features
+//! The app chooses its drivers, runtime and TLS, as with SeaORM itself; nothing but `migrations` is on by
+//! default. A PostgreSQL-only app: `features = ["sqlx-postgres", "runtime-tokio-rustls"]`.
+//!
 //! | feature | what it adds |
 //! |---|---|
-//! | `nats` | NATS JetStream publisher and durable pull consumer (`brokers::nats`) |
-//! | `kafka` | Kafka idempotent producer and consumer (`brokers::kafka`, vendored librdkafka) |
-//! | `rabbitmq` | RabbitMQ publisher confirms and manual-ack consumer (`brokers::rabbitmq`) |
-//! | `redis` | Redis Streams publisher and consumer group (`brokers::redis`) |
+//! | `migrations` (default) | `migrate`, `migrations()`, `Migrator` (sea-orm-migration) |
+//! | `sqlx-postgres`, `sqlx-mysql`, `sqlx-sqlite` | SeaORM's sqlx driver for that database; `connect` refuses a URL whose driver is not built |
+//! | `runtime-tokio-rustls`, `runtime-tokio-native-tls`, `runtime-tokio` | SeaORM's runtime and TLS choice (pick one with a driver) |
+//! | `nats` | NATS JetStream publisher and transport (`brokers::nats`) |
+//! | `kafka` | Kafka idempotent producer and transport (`brokers::kafka`, vendored librdkafka) |
+//! | `rabbitmq` | RabbitMQ publisher confirms and transport (`brokers::rabbitmq`) |
+//! | `redis` | Redis Streams publisher and transport (`brokers::redis`) |
 //! | `schemars` | `event_json_schema::<E>()`: an event's JSON Schema with its name and version |
-//!
-//! PostgreSQL, MySQL/MariaDB and SQLite drivers are always on (SeaORM's `sqlx-*` features, Tokio, rustls).
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod connect;
 mod enqueue;
 pub mod entity;
 mod error;
 mod inbox;
+#[cfg(feature = "migrations")]
 pub mod migration;
 mod sql;
 mod store;
@@ -64,11 +71,12 @@ pub use connect::{SUPPORTED_SCHEMES, connect};
 pub use enqueue::{enqueue, enqueue_all};
 pub use error::InboxError;
 pub use inbox::handle_once;
+#[cfg(feature = "migrations")]
 pub use migration::{Migrator, migrate, migrations};
 pub use store::{SeaOrmBatch, SeaOrmStore};
 
-pub use outbox_core::*;
 pub use outbox_macros::{DomainEvent, idempotent_handler, transactional_outbox};
+pub use outbox_runtime::*;
 
 /// Writes an event into the transaction of the enclosing `#[transactional_outbox]` method.
 ///

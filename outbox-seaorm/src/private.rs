@@ -1,6 +1,6 @@
 //! Support for the generated code of `outbox-macros`; not a public API.
 
-pub use outbox_core::{DomainEvent, EventSchema, FieldSchema, InboxOutcome, OutboxEvent};
+pub use outbox_runtime::{DomainEvent, EventSchema, FieldSchema, InboxOutcome, OutboxEvent};
 pub use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 pub use serde_json;
 
@@ -36,10 +36,10 @@ pub async fn begin<C: TransactionTrait>(db: &C) -> Result<C::Transaction, DbErr>
 
 /// The events a `#[transactional_outbox]` method emitted so far, in emit order.
 #[derive(Default)]
-pub struct Emitted(std::sync::Mutex<Vec<outbox_core::NewEvent>>);
+pub struct Emitted(std::sync::Mutex<Vec<outbox_runtime::NewEvent>>);
 
 impl Emitted {
-    fn take(self) -> Vec<outbox_core::NewEvent> {
+    fn take(self) -> Vec<outbox_runtime::NewEvent> {
         self.0.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
@@ -58,9 +58,9 @@ pub fn event_ref<E: DomainEvent>(event: &E) -> &E {
     event
 }
 
-fn into_db_err(error: outbox_core::Error) -> DbErr {
+fn into_db_err(error: outbox_runtime::Error) -> DbErr {
     match error {
-        outbox_core::Error::Store { source, .. } => match source.downcast::<DbErr>() {
+        outbox_runtime::Error::Store { source, .. } => match source.downcast::<DbErr>() {
             Ok(db_err) => *db_err,
             Err(other) => DbErr::Custom(other.to_string()),
         },

@@ -207,8 +207,8 @@ impl Counters {
 /// A named subscriber with one typed handler per event type.
 ///
 /// ```no_run
-/// # use outbox_core::{Consumer, Received, DomainEvent};
-/// # fn demo<P: DomainEvent, C: DomainEvent>() -> outbox_core::Result<()> {
+/// # use outbox_runtime::{Consumer, Received, DomainEvent};
+/// # fn demo<P: DomainEvent, C: DomainEvent>() -> outbox_runtime::Result<()> {
 /// let consumer = Consumer::new("billing")?
 ///     .on::<P>(async |placed: Received<P>| -> Result<(), std::io::Error> { /* bill */ Ok(()) })
 ///     .on::<C>(async |cancelled: Received<C>| -> Result<(), std::io::Error> { /* refund */ Ok(()) });

@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, QueryResult};
 
-use outbox_core::{ClaimRequest, DeadLetterPolicy, EventId, Headers, OutboxEvent};
+use outbox_runtime::{ClaimRequest, DeadLetterPolicy, EventId, Headers, OutboxEvent};
 
 use super::hints::Hint;
 use crate::sql::{KeyedSelect, Sql};

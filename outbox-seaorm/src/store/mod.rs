@@ -20,7 +20,7 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use outbox_core::{
+use outbox_runtime::{
     BatchOutcome, ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, MarkReport, OutboxEvent, OutboxStats,
     OutboxStore,
 };
@@ -269,7 +269,7 @@ fn fenced_update(seqs: Vec<i64>, token: Option<&str>) -> UpdateStatement {
 }
 
 fn truncate(message: &str) -> String {
-    outbox_core::truncate(message, MAX_ERROR_BYTES + '…'.len_utf8())
+    outbox_runtime::truncate(message, MAX_ERROR_BYTES + '…'.len_utf8())
 }
 
 async fn mark<C: ConnectionTrait>(

@@ -47,9 +47,9 @@
 //!   replayed message is produced at the end of its origin topic's partition.
 //!
 //! ```no_run
-//! # async fn demo() -> outbox_core::Result<()> {
-//! use outbox_core::brokers::kafka::{KafkaPublisher, KafkaTransport, Subscription, default_destination};
-//! use outbox_core::{CancellationToken, Consumer};
+//! # async fn demo() -> outbox_runtime::Result<()> {
+//! use outbox_runtime::brokers::kafka::{KafkaPublisher, KafkaTransport, Subscription, default_destination};
+//! use outbox_runtime::{CancellationToken, Consumer};
 //!
 //! let publisher = KafkaPublisher::connect("kafka://127.0.0.1:9092", default_destination(), &[])?;
 //! let transport = KafkaTransport::connect(

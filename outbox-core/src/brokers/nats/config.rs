@@ -127,7 +127,7 @@ pub(super) fn check_template(destination: &Destination) -> Result<()> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::brokers::nats::NatsTransportOptions;
+/// use outbox_runtime::brokers::nats::NatsTransportOptions;
 ///
 /// let options = NatsTransportOptions::default()
 ///     .with_ack_wait(Duration::from_secs(60))

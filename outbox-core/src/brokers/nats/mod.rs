@@ -4,9 +4,9 @@
 //! [`Consumer::run`](crate::Consumer::run), reads through.
 //!
 //! ```no_run
-//! # async fn demo() -> outbox_core::Result<()> {
-//! use outbox_core::brokers::nats::{NatsPublisher, NatsTransport};
-//! use outbox_core::{CancellationToken, Consumer, Destination};
+//! # async fn demo() -> outbox_runtime::Result<()> {
+//! use outbox_runtime::brokers::nats::{NatsPublisher, NatsTransport};
+//! use outbox_runtime::{CancellationToken, Consumer, Destination};
 //!
 //! let publisher =
 //!     NatsPublisher::connect("nats://127.0.0.1:4222", Destination::parse("events.{aggregate_type}.{event_type}")?)

@@ -53,9 +53,9 @@
 //!   replayed message is published again at the end of the queue.
 //!
 //! ```no_run
-//! # async fn demo() -> outbox_core::Result<()> {
-//! use outbox_core::{CancellationToken, Consumer, Destination};
-//! use outbox_core::brokers::rabbitmq::{DEFAULT_ROUTING_KEY, RabbitPublisher, RabbitTransport};
+//! # async fn demo() -> outbox_runtime::Result<()> {
+//! use outbox_runtime::{CancellationToken, Consumer, Destination};
+//! use outbox_runtime::brokers::rabbitmq::{DEFAULT_ROUTING_KEY, RabbitPublisher, RabbitTransport};
 //! let url = "amqp://guest:guest@127.0.0.1:5672/%2f";
 //! let publisher = RabbitPublisher::connect(url, "events", Destination::parse(DEFAULT_ROUTING_KEY)?).await?;
 //! publisher.declare_queue("events", "billing", "order.#").await?;

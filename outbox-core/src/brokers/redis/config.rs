@@ -154,7 +154,7 @@ impl RedisPublisherConfig {
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::brokers::redis::RedisTransportConfig;
+/// use outbox_runtime::brokers::redis::RedisTransportConfig;
 ///
 /// let config = RedisTransportConfig::default().with_min_idle(Duration::from_secs(60));
 /// assert!(config.validate().is_ok());

@@ -3,9 +3,9 @@
 //! [`Consumer::run`](crate::Consumer::run), reads through.
 //!
 //! ```no_run
-//! # async fn demo() -> outbox_core::Result<()> {
-//! use outbox_core::brokers::redis::{RedisPublisher, RedisTransport};
-//! use outbox_core::{CancellationToken, Consumer, Destination};
+//! # async fn demo() -> outbox_runtime::Result<()> {
+//! use outbox_runtime::brokers::redis::{RedisPublisher, RedisTransport};
+//! use outbox_runtime::{CancellationToken, Consumer, Destination};
 //!
 //! let publisher =
 //!     RedisPublisher::connect("redis://127.0.0.1:6379", Destination::parse("outbox:{aggregate_type}")?).await?;

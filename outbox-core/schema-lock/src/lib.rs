@@ -1,8 +1,8 @@
 //! The `events.lock` format: the schema of every released `(event name, version)`.
 //!
 //! `#[derive(DomainEvent)]` reads this file at compile time and fails the build when a locked event's
-//! fields changed; tests write new entries when `OUTBOX_BLESS=1`. The module uses only `std` because the
-//! proc-macro crate compiles it too (via `#[path]`), so both sides read the file the same way.
+//! fields changed; tests write new entries when `OUTBOX_BLESS=1`. A crate of its own, `std` only, so that the
+//! proc-macro crate and the runtime read the file the same way.
 //!
 //! ```text
 //! # events.lock: schemas of released events, checked at compile time by #[derive(DomainEvent)].
