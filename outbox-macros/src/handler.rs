@@ -29,6 +29,12 @@ fn parse_args(args: TokenStream) -> syn::Result<Args> {
     Ok(parsed)
 }
 
+fn is_envelope_ref(ty: &Type) -> bool {
+    let Type::Reference(r) = ty else { return false };
+    let Type::Path(p) = &*r.elem else { return false };
+    r.mutability.is_none() && p.path.segments.last().is_some_and(|s| s.ident == "OutboxEvent")
+}
+
 fn is_transaction_ref(ty: &Type) -> bool {
     let Type::Reference(r) = ty else { return false };
     let Type::Path(p) = &*r.elem else { return false };
@@ -83,16 +89,25 @@ fn generate(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
             }
         })
         .collect();
-    let (txn, event) = match typed.as_slice() {
-        [txn, event] => (Some(*txn), Some(*event)),
+    let (txn, event, envelope) = match typed.as_slice() {
+        [txn, event] => (Some(*txn), Some(*event), None),
+        [txn, event, envelope] => (Some(*txn), Some(*event), Some(*envelope)),
         _ => {
             errors.at(
                 &sig.inputs,
-                "an idempotent handler takes exactly two parameters: `txn: &DatabaseTransaction, event: YourEvent`",
+                "an idempotent handler takes two parameters, `txn: &DatabaseTransaction, event: YourEvent`, and optionally a third, `envelope: &OutboxEvent` (id, time, headers)",
             );
-            (None, None)
+            (None, None, None)
         }
     };
+    if let Some(envelope) = envelope
+        && !is_envelope_ref(&envelope.ty)
+    {
+        errors.at(
+            &envelope.ty,
+            "the third parameter must be the envelope, `envelope: &OutboxEvent`: it gives the handler the event's id, time and headers",
+        );
+    }
     if let Some(txn) = txn
         && !is_transaction_ref(&txn.ty)
     {
@@ -122,6 +137,7 @@ fn generate(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
     let output = &sig.output;
     let block = &function.block;
     let event_ty = &event.ty;
+    let call_args = if envelope.is_some() { quote!(txn, event, message) } else { quote!(txn, event) };
     let assert_event = quote_spanned!(event_ty.span()=> #private::assert_domain_event::<#event_ty>(););
     Ok(quote! {
         #(#attrs)*
@@ -137,7 +153,7 @@ fn generate(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
             async fn #body_name(#inputs_list) #output #block
             let event = <#event_ty as #private::DomainEvent>::from_envelope(message)?;
             let message_id = message.id.to_string();
-            #private::handle_once(db, #consumer, &message_id, async move |txn| #body_name(txn, event).await).await
+            #private::handle_once(db, #consumer, &message_id, async move |txn| #body_name(#call_args).await).await
         }
     })
 }

@@ -64,7 +64,8 @@ pub fn transactional_outbox(args: TokenStream, item: TokenStream) -> TokenStream
 
 /// Turns `async fn name(txn: &DatabaseTransaction, event: E) -> Result<T, Err>` into
 /// `async fn name(db, message: &OutboxEvent) -> Result<InboxOutcome<T>, InboxError<Err>>` that decodes (and
-/// upcasts) the message, records it in the inbox and runs the body in one transaction.
+/// upcasts) the message, records it in the inbox and runs the body in one transaction. An optional third
+/// parameter, `envelope: &OutboxEvent`, gives the body the event's id, time, headers and aggregate version.
 ///
 /// `#[idempotent_handler(consumer = "billing")]`. A duplicate returns `InboxOutcome::Duplicate` without
 /// running the body; an unknown event type or version is an error and records nothing.

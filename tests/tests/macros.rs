@@ -106,6 +106,13 @@ async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<i64, DbEr
     Ok(event.total_minor)
 }
 
+/// A handler that reads the envelope: the invoice row is keyed by the event id it came in.
+#[idempotent_handler(consumer = "audit")]
+async fn audit(txn: &DatabaseTransaction, event: OrderPlaced, envelope: &OutboxEvent) -> Result<String, DbErr> {
+    insert_invoice(txn, &envelope.id.to_string(), event.total_minor).await?;
+    Ok(envelope.headers.get("tenant").cloned().unwrap_or_default())
+}
+
 fn types_of(rows: &[outbox_seaorm::entity::outbox_event::Model]) -> Vec<(String, String)> {
     rows.iter().map(|r| (r.event_type.clone(), r.aggregate_id.clone())).collect()
 }
@@ -265,3 +272,19 @@ fn the_event_contract_exports_as_json_schema_with_its_name_and_version() {
     assert_eq!(schema["properties"]["amountMinor"]["type"], "integer", "{schema}");
     assert_eq!(schema["required"], serde_json::json!(["orderId", "amountMinor"]), "{schema}");
 }
+
+/// `#[idempotent_handler]` with a third parameter gets the envelope: id, headers.
+async fn a_handler_can_read_the_envelope(t: TestDb) {
+    create_shop_tables(&t).await;
+    let placed = OrderPlaced { order_id: "o7".into(), customer: "c".into(), total_minor: 700 };
+    let event = placed.to_new_event().expect("event").with_header("tenant", "acme").expect("header");
+    outbox_seaorm::enqueue(&t.db, &event).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let message = published(&t).await.pop().unwrap_or_else(|| panic!("{t}: nothing published"));
+    let outcome = audit(&t.db, &message).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(outcome, InboxOutcome::Processed("acme".to_owned()), "{t}");
+    assert_eq!(audit(&t.db, &message).await.unwrap_or_else(|e| panic!("{t}: {e}")), InboxOutcome::Duplicate, "{t}");
+    let sql = format!("SELECT COUNT(*) AS n FROM invoices WHERE order_id = '{}'", message.id);
+    let row = t.db.query_one_raw(sea_orm::Statement::from_string(t.backend, sql)).await.expect("query").expect("row");
+    assert_eq!(row.try_get::<i64>("", "n").expect("n"), 1, "{t}: the effect saw the envelope's id");
+}
+per_backend!(a_handler_can_read_the_envelope, "handler_reads_envelope");
