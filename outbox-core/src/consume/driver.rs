@@ -17,6 +17,11 @@ use crate::envelope::OutboxEvent;
 use crate::error::Result;
 use crate::text::one_line;
 
+/// How many times an ack is tried before the message is left to the broker's redelivery.
+const ACK_ATTEMPTS: u32 = 3;
+/// The pause before the second ack attempt (doubled before the third).
+const ACK_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
 /// The longest pause between fetches after the broker failed.
 const MAX_FETCH_PAUSE: Duration = Duration::from_secs(5);
 
@@ -281,10 +286,24 @@ impl<'a, T: Transport> Driver<'a, T> {
         }
     }
 
+    /// Acks, trying [`ACK_ATTEMPTS`] times a short moment apart (acking twice is harmless; a lost ack costs a
+    /// redelivery, which the inbox absorbs).
     async fn ack(&self, delivery: &Delivery<T::Receipt>) {
-        if let Err(error) = self.transport.ack(&delivery.receipt).await {
-            Counters::add(&self.counters().ack_failures);
-            tracing::warn!(%error, "ack failed; the broker redelivers the message and the inbox absorbs it");
+        let mut attempt = 1u32;
+        loop {
+            match self.transport.ack(&delivery.receipt).await {
+                Ok(()) => return,
+                Err(error) if attempt < ACK_ATTEMPTS && !self.shutdown.is_cancelled() => {
+                    tracing::debug!(%error, attempt, "ack failed; trying again");
+                    tokio::time::sleep(ACK_RETRY_PAUSE * attempt).await;
+                    attempt += 1;
+                }
+                Err(error) => {
+                    Counters::add(&self.counters().ack_failures);
+                    tracing::warn!(%error, attempts = attempt, "ack failed; the broker redelivers the message and the inbox absorbs it");
+                    return;
+                }
+            }
         }
     }
 

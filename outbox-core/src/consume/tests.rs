@@ -62,6 +62,7 @@ struct Memory {
     released: Mutex<Vec<u64>>,
     dead: Mutex<Vec<(u64, DeadLetter)>>,
     dead_letter_failures: Mutex<u32>,
+    ack_failures: Mutex<u32>,
     next: Mutex<u64>,
 }
 
@@ -102,6 +103,11 @@ impl Transport for Memory {
     }
 
     async fn ack(&self, receipt: &u64) -> Result<()> {
+        let mut failures = self.ack_failures.lock().unwrap();
+        if *failures > 0 {
+            *failures -= 1;
+            return Err(Error::broker("memory", "ack", "connection reset"));
+        }
         self.acked.lock().unwrap().push(*receipt);
         Ok(())
     }
@@ -252,4 +258,22 @@ async fn malformed_messages_are_dead_lettered_with_a_reason_never_a_panic() {
         assert!(reasons.iter().any(|r| r.contains(expected)), "no reason mentions {expected:?}: {reasons:#?}");
     }
     assert!(reasons.iter().all(|r| !r.contains('\n')), "control characters escaped: {reasons:#?}");
+}
+
+#[tokio::test]
+async fn a_failed_ack_is_tried_again_before_the_message_is_left_to_redelivery() {
+    let consumer = Consumer::new("c")
+        .unwrap()
+        .with_config(fast())
+        .unwrap()
+        .on::<Tick>(|_: Received<Tick>| async { Ok::<_, std::io::Error>(()) });
+    let transport = Memory::with(vec![message("tick", 2, "a", 1), message("tick", 2, "b", 1)]);
+    *transport.ack_failures.lock().unwrap() = 2; // the first message's first two acks fail
+    run_for(&consumer, &transport, Duration::from_millis(300)).await;
+    assert_eq!(transport.acked.lock().unwrap().len(), 2);
+    assert_eq!(consumer.stats().ack_failures, 0, "{:?}", consumer.stats());
+    *transport.ack_failures.lock().unwrap() = 5;
+    transport.queue.lock().unwrap().push_back(message("tick", 2, "c", 1));
+    run_for(&consumer, &transport, Duration::from_millis(300)).await;
+    assert_eq!(consumer.stats().ack_failures, 1, "three attempts, then left to the broker: {:?}", consumer.stats());
 }
