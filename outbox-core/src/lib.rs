@@ -33,6 +33,36 @@ mod memory;
 mod publisher;
 mod relay;
 pub use outbox_schema_lock as schema_lock;
+
+// Lets `#[derive(DomainEvent)]` name this crate `::outbox_runtime` from its own tests and doctests too.
+extern crate self as outbox_runtime;
+
+/// `#[derive(DomainEvent)]` for crates that depend on the runtime alone (no database driver): declare and
+/// decode events in a consumer-only crate. Apps on SeaORM use `outbox_seaorm::DomainEvent`, the same derive.
+///
+/// ```
+/// use outbox_runtime::DomainEvent;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(DomainEvent, Serialize, Deserialize)]
+/// #[domain_event(name = "order.placed", version = 1, aggregate = "order")]
+/// struct OrderPlaced {
+///     #[aggregate_id]
+///     order_id: String,
+/// }
+///
+/// assert_eq!(<OrderPlaced as DomainEvent>::NAME, "order.placed");
+/// let event = OrderPlaced { order_id: "o1".into() }.to_new_event().unwrap();
+/// assert_eq!(event.aggregate_id(), "o1");
+/// ```
+pub use outbox_macros::DomainEvent;
+
+/// Support for the code `#[derive(DomainEvent)]` generates; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::event::{DomainEvent, EventSchema, FieldSchema};
+    pub use serde_json;
+}
 mod store;
 mod text;
 

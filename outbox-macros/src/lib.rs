@@ -19,6 +19,7 @@ mod connection;
 mod diagnostics;
 mod domain_event;
 mod handler;
+mod paths;
 use outbox_schema_lock as schema_lock;
 mod signature;
 mod transactional;

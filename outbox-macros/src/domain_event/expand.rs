@@ -10,7 +10,7 @@ use super::lock::{find_lock_file, type_string};
 pub fn expand(event: &Event<'_>) -> TokenStream {
     let ident = event.ident;
     let (impl_generics, ty_generics, where_clause) = event.generics.split_for_impl();
-    let private = quote!(::outbox_seaorm::__private);
+    let private = crate::paths::derive_private();
     // Validated before expansion: all three are present.
     let name = event.name.as_ref().map(syn::LitStr::value).unwrap_or_default();
     let version: i32 = event.version.as_ref().and_then(|v| v.base10_parse().ok()).unwrap_or(1);
