@@ -23,6 +23,8 @@
 //! then [`run`](Consumer::run) returns.
 
 mod driver;
+#[cfg(any(feature = "nats", feature = "redis"))]
+pub(crate) mod held;
 mod route;
 mod transport;
 

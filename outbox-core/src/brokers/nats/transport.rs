@@ -1,6 +1,6 @@
 //! [`NatsTransport`]: a durable pull consumer as the consume driver's [`Transport`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -13,6 +13,7 @@ use futures_util::StreamExt as _;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::consume::held::HeldSet;
 use crate::consume::{DeadLetter, Delivery, Transport, dead_header};
 use crate::error::{Error, Result};
 use crate::text::{one_line, truncate};
@@ -45,15 +46,10 @@ impl NatsReceipt {
 }
 
 /// A message the transport handed to the driver and that is not acked or released yet.
-struct Held {
-    reply: Subject,
-    touched: Instant,
-}
-
 /// What the transport and its keep-alive task share.
 struct Shared {
     client: Client,
-    held: Mutex<HashMap<u64, Held>>,
+    held: HeldSet<u64, Subject>,
     next_key: AtomicU64,
 }
 
@@ -86,7 +82,7 @@ impl std::fmt::Debug for NatsTransport {
             .field("dead_letter_stream", &self.dead_stream)
             .field("dead_letter_subject", &self.dead_subject)
             .field("ack_wait", &self.ack_wait)
-            .field("held", &lock(&self.shared.held).len())
+            .field("held", &self.shared.held.len())
             .finish_non_exhaustive()
     }
 }
@@ -221,7 +217,7 @@ impl NatsTransport {
         ensure_dead_letter_stream(&jetstream, &dead_stream, &dead_subject).await?;
 
         let shared =
-            Arc::new(Shared { client: jetstream.client(), held: Mutex::default(), next_key: AtomicU64::new(0) });
+            Arc::new(Shared { client: jetstream.client(), held: HeldSet::default(), next_key: AtomicU64::new(0) });
         let stop = CancellationToken::new();
         tokio::spawn(keep_held_alive(shared.clone(), (ack_wait / 3).max(Duration::from_millis(200)), stop.clone()));
         let connects = shared.client.statistics().connects.load(Ordering::Relaxed);
@@ -285,13 +281,13 @@ impl NatsTransport {
     }
 
     fn forget(&self, receipt: &NatsReceipt) {
-        lock(&self.shared.held).remove(&receipt.key);
+        self.shared.held.remove(&receipt.key);
     }
 
     /// How many messages the transport holds (handed to the driver, or stashed) and has not acked or
     /// released.
     pub(super) fn held(&self) -> usize {
-        lock(&self.shared.held).len()
+        self.shared.held.len()
     }
 
     pub(super) fn client(&self) -> &Client {
@@ -352,7 +348,7 @@ impl NatsTransport {
         };
         let reply = message.reply.clone()?;
         let key = self.shared.next_key.fetch_add(1, Ordering::Relaxed);
-        lock(&self.shared.held).insert(key, Held { reply: reply.clone(), touched: Instant::now() });
+        self.shared.held.insert(key, reply.clone());
         Some(Delivery {
             headers: headers_of(message.headers.as_ref()),
             payload: message.payload.to_vec(),
@@ -399,16 +395,7 @@ async fn keep_held_alive(shared: Arc<Shared>, every: Duration, stop: Cancellatio
             () = stop.cancelled() => return,
             () = tokio::time::sleep(tick) => {}
         }
-        let now = Instant::now();
-        let due: Vec<Subject> = lock(&shared.held)
-            .values_mut()
-            .filter(|held| now.duration_since(held.touched) >= every)
-            .map(|held| {
-                held.touched = now;
-                held.reply.clone()
-            })
-            .collect();
-        for reply in due {
+        for (_, reply) in shared.held.due(every) {
             if let Err(error) = shared.client.publish(reply, "+WPI".into()).await {
                 tracing::debug!(%error, "progress ack failed; the server may redeliver a held message (the inbox absorbs it)");
                 break;
@@ -522,9 +509,7 @@ impl Transport for NatsTransport {
 
     /// `+WPI` (work in progress): the server restarts the message's `ack_wait`.
     async fn keep_alive(&self, receipt: &NatsReceipt) -> Result<()> {
-        if let Some(held) = lock(&self.shared.held).get_mut(&receipt.key) {
-            held.touched = Instant::now();
-        }
+        self.shared.held.touch(&receipt.key);
         self.shared
             .client
             .publish(receipt.reply.clone(), "+WPI".into())

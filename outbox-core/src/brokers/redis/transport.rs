@@ -1,6 +1,6 @@
 //! [`RedisTransport`]: a consumer of a Redis Streams consumer group as the consume driver's [`Transport`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -8,6 +8,7 @@ use ::redis::{Cmd, RedisError, Value};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::consume::held::HeldSet;
 use crate::consume::{DeadLetter, Delivery, Transport, dead_header};
 use crate::error::{Error, Result};
 use crate::text::one_line;
@@ -55,7 +56,7 @@ struct Shared {
     group: String,
     consumer: String,
     /// Entries handed to the driver and not acked or released yet, with when their idle time was reset.
-    held: Mutex<HashMap<String, Instant>>,
+    held: HeldSet<String, ()>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -151,7 +152,7 @@ impl RedisTransport {
             stream: stream.to_owned(),
             group: group.to_owned(),
             consumer: consumer_name.to_owned(),
-            held: Mutex::default(),
+            held: HeldSet::default(),
         });
         ensure_group(&shared)
             .await
@@ -302,8 +303,7 @@ impl RedisTransport {
     /// acked; entries that cannot be headers are dead-lettered here. An entry whose ack or dead letter
     /// failed stays pending, not held, and is read again from the pending list on the next fetch.
     async fn deliveries(&self, entries: Vec<Entry>, counted: bool) -> Result<Vec<Delivery<RedisReceipt>>> {
-        let held: HashSet<String> = lock(&self.shared.held).keys().cloned().collect();
-        let entries: Vec<Entry> = entries.into_iter().filter(|e| !held.contains(&e.id)).collect();
+        let entries: Vec<Entry> = entries.into_iter().filter(|e| !self.shared.held.contains(&e.id)).collect();
         let counts = match (counted, entries.first(), entries.last()) {
             (true, Some(first), Some(last)) => {
                 let mut cmd = ::redis::cmd("XPENDING");
@@ -339,7 +339,7 @@ impl RedisTransport {
                     continue;
                 }
             };
-            lock(&self.shared.held).insert(entry.id.clone(), Instant::now());
+            self.shared.held.insert(entry.id.clone(), ());
             out.push(Delivery {
                 headers: split.headers,
                 payload: split.payload.clone().unwrap_or_default(),
@@ -409,7 +409,7 @@ impl RedisTransport {
     }
 
     fn forget(&self, receipt: &RedisReceipt) {
-        lock(&self.shared.held).remove(&receipt.id);
+        self.shared.held.remove(&receipt.id);
     }
 }
 
@@ -435,15 +435,7 @@ async fn keep_held_alive(shared: Arc<Shared>, every: Duration, stop: Cancellatio
             () = stop.cancelled() => return,
             () = tokio::time::sleep(tick) => {}
         }
-        let now = Instant::now();
-        let due: Vec<String> = lock(&shared.held)
-            .iter_mut()
-            .filter(|(_, touched)| now.duration_since(**touched) >= every)
-            .map(|(id, touched)| {
-                *touched = now;
-                id.clone()
-            })
-            .collect();
+        let due: Vec<String> = shared.held.due(every).into_iter().map(|(id, ())| id).collect();
         for ids in due.chunks(CLAIM_CHUNK) {
             if let Err(error) = shared.reset_idle(ids).await {
                 tracing::debug!(%error, "resetting the idle time of held entries failed; another consumer may claim them after min_idle (the inbox absorbs it)");
@@ -528,9 +520,7 @@ impl Transport for RedisTransport {
     /// `XCLAIM ... 0 <id> JUSTID` to this consumer: resets the entry's idle time without counting a
     /// delivery.
     async fn keep_alive(&self, receipt: &RedisReceipt) -> Result<()> {
-        if let Some(touched) = lock(&self.shared.held).get_mut(&receipt.id) {
-            *touched = Instant::now();
-        }
+        self.shared.held.touch(&receipt.id);
         self.shared
             .reset_idle(std::slice::from_ref(&receipt.id))
             .await
