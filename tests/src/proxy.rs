@@ -71,6 +71,13 @@ impl Proxy {
     pub fn restore(&self) {
         self.state.up.store(true, Ordering::SeqCst);
     }
+
+    /// An outage of `duration`: [`cut`](Self::cut), wait, [`restore`](Self::restore).
+    pub async fn outage(&self, duration: std::time::Duration) {
+        self.cut();
+        tokio::time::sleep(duration).await;
+        self.restore();
+    }
 }
 
 impl Drop for Proxy {

@@ -220,9 +220,7 @@ impl Fixture for Kafka {
 
     async fn interrupt(&self, outage: Duration) -> Option<()> {
         let chain = self.chain().await?;
-        chain.proxy.cut();
-        tokio::time::sleep(outage).await;
-        chain.proxy.restore();
+        chain.proxy.outage(outage).await;
         Some(())
     }
 

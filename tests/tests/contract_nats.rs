@@ -103,9 +103,7 @@ impl Fixture for Nats {
     }
 
     async fn interrupt(&self, outage: Duration) -> Option<()> {
-        self.proxy.cut();
-        tokio::time::sleep(outage).await;
-        self.proxy.restore();
+        self.proxy.outage(outage).await;
         Some(())
     }
 
