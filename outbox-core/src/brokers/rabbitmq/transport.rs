@@ -56,6 +56,9 @@ pub struct RabbitTransport {
     pub(super) confirm_timeout: Duration,
     connection: Mutex<Option<Arc<Connection>>>,
     session: Mutex<Option<Session>>,
+    /// Set when an ack or release failed: the next fetch closes the consume channel, so RabbitMQ requeues
+    /// whatever that channel still holds unacknowledged (it never redelivers while the channel lives).
+    stale: std::sync::atomic::AtomicBool,
     /// The confirm channel dead letters and replays are published on, one message at a time (so a
     /// returned message is the one just sent).
     pub(super) confirms: Mutex<Option<Channel>>,
@@ -109,6 +112,7 @@ impl RabbitTransport {
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
             connection: Mutex::new(None),
             session: Mutex::new(None),
+            stale: std::sync::atomic::AtomicBool::new(false),
             confirms: Mutex::new(None),
         };
         let channel = transport.channel().await?;
@@ -366,6 +370,17 @@ fn settled(operation: &str, delivery_tag: u64, queue: &str, result: lapin::Resul
     }
 }
 
+impl RabbitTransport {
+    /// [`settled`], marking the consume session stale when the ack or release did not go through.
+    fn settled(&self, operation: &str, delivery_tag: u64, result: lapin::Result<bool>) -> Result<()> {
+        let outcome = settled(operation, delivery_tag, &self.queue, result);
+        if outcome.is_err() {
+            self.stale.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        outcome
+    }
+}
+
 impl Transport for RabbitTransport {
     type Receipt = RabbitReceipt;
 
@@ -382,6 +397,12 @@ impl Transport for RabbitTransport {
     /// deliveries) and reopened at the next fetch.
     async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery<RabbitReceipt>>> {
         let mut session = self.session.lock().await;
+        if self.stale.swap(false, std::sync::atomic::Ordering::SeqCst)
+            && let Some(old) = session.take()
+        {
+            tracing::debug!("an ack failed: closing the consume channel so RabbitMQ requeues what it holds");
+            close_quietly(&old.channel).await;
+        }
         if !session.as_ref().is_some_and(|s| s.channel.status().connected()) {
             *session = None;
             *session = Some(self.open_session().await?);
@@ -424,14 +445,14 @@ impl Transport for RabbitTransport {
     /// `basic.ack` of this delivery tag alone (never `multiple`).
     async fn ack(&self, receipt: &RabbitReceipt) -> Result<()> {
         let result = receipt.acker.ack(BasicAckOptions { multiple: false }).await;
-        settled("ack", receipt.delivery_tag, &self.queue, result)
+        self.settled("ack", receipt.delivery_tag, result)
     }
 
     /// `basic.nack` with `requeue = true`: RabbitMQ puts the message back (at its old position where it
     /// can) and delivers it again.
     async fn release(&self, receipt: &RabbitReceipt) -> Result<()> {
         let result = receipt.acker.nack(BasicNackOptions { multiple: false, requeue: true }).await;
-        settled("release", receipt.delivery_tag, &self.queue, result)
+        self.settled("release", receipt.delivery_tag, result)
     }
 
     /// Publishes the original payload, properties and headers (minus `x-delivery-count` and earlier
