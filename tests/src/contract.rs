@@ -316,6 +316,7 @@ pub mod cases {
         if !crate::proxy::server_available(F::NAME, F::ADDRESS).await {
             return None;
         }
+        crate::log_to_test_output();
         let t = case_db(case).await;
         Some((t, F::setup(case).await))
     }

@@ -239,3 +239,14 @@ async fn mysql(test: &str) -> Result<TestDb, String> {
     let db = connect(&url, DbBackend::MySql, "").await.map_err(|e| e.to_string())?;
     Ok(TestDb { db, backend: DbBackend::MySql, url })
 }
+
+/// Sends the library's logs to the test output when `OUTBOX_TEST_LOG` holds a filter
+/// (`OUTBOX_TEST_LOG=outbox_runtime=debug cargo test ...`); does nothing otherwise.
+pub fn log_to_test_output() {
+    if let Ok(filter) = std::env::var("OUTBOX_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
+}

@@ -73,6 +73,7 @@ impl<'a, T: Transport> Driver<'a, T> {
         let mut stopping = false;
         loop {
             if !stopping && fetch.is_none() && held < config.max_in_flight {
+                tracing::trace!(held, lanes = lanes.len(), running = running.len(), "fetching");
                 let max = config.batch_size.min(config.max_in_flight - held);
                 let wait = config.fetch_wait;
                 let delay = std::mem::take(&mut pause);
@@ -157,6 +158,7 @@ impl<'a, T: Transport> Driver<'a, T> {
     /// (shutdown). Returns its lane.
     async fn settle(&self, delivery: Delivery<T::Receipt>, lane: String) -> String {
         let previous = delivery.deliveries.saturating_sub(1);
+        tracing::trace!(lane = %one_line(&lane), deliveries = delivery.deliveries, "settling");
         match self.plan(&delivery) {
             Plan::Skip(event) => {
                 tracing::debug!(event_id = %event.id, event_type = %one_line(&event.event_type), "no handler for this event type here; acked untouched");
@@ -292,7 +294,10 @@ impl<'a, T: Transport> Driver<'a, T> {
         let mut attempt = 1u32;
         loop {
             match self.transport.ack(&delivery.receipt).await {
-                Ok(()) => return,
+                Ok(()) => {
+                    tracing::trace!(deliveries = delivery.deliveries, "acked");
+                    return;
+                }
                 Err(error) if attempt < ACK_ATTEMPTS && !self.shutdown.is_cancelled() => {
                     tracing::debug!(%error, attempt, "ack failed; trying again");
                     tokio::time::sleep(ACK_RETRY_PAUSE * attempt).await;

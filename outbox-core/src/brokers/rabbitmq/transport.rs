@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::{FutureExt as _, StreamExt as _};
@@ -29,6 +30,8 @@ pub struct RabbitReceipt {
     acker: Acker,
     delivery_tag: u64,
     properties: BasicProperties,
+    /// The consume session (channel) that delivered it.
+    session: u64,
 }
 
 impl RabbitReceipt {
@@ -40,6 +43,8 @@ impl RabbitReceipt {
 
 /// The consume channel and its `basic.consume` stream.
 struct Session {
+    /// Numbers the sessions of this transport, so a failed ack can tell its own channel from a later one.
+    id: u64,
     channel: Channel,
     consumer: lapin::Consumer,
 }
@@ -56,9 +61,13 @@ pub struct RabbitTransport {
     pub(super) confirm_timeout: Duration,
     connection: Mutex<Option<Arc<Connection>>>,
     session: Mutex<Option<Session>>,
-    /// Set when an ack or release failed: the next fetch closes the consume channel, so RabbitMQ requeues
-    /// whatever that channel still holds unacknowledged (it never redelivers while the channel lives).
-    stale: std::sync::atomic::AtomicBool,
+    /// The id of the session that delivered a message whose ack or release failed, 0 when none: if that
+    /// session is still the current one, the next fetch closes its channel so RabbitMQ requeues whatever it
+    /// holds unacknowledged (it never redelivers while the channel lives). A failure on an older, closed
+    /// session needs nothing: closing the channel requeued its messages already.
+    stale: AtomicU64,
+    /// The id of the last session opened.
+    sessions: AtomicU64,
     /// The confirm channel dead letters and replays are published on, one message at a time (so a
     /// returned message is the one just sent).
     pub(super) confirms: Mutex<Option<Channel>>,
@@ -112,7 +121,8 @@ impl RabbitTransport {
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
             connection: Mutex::new(None),
             session: Mutex::new(None),
-            stale: std::sync::atomic::AtomicBool::new(false),
+            stale: AtomicU64::new(0),
+            sessions: AtomicU64::new(0),
             confirms: Mutex::new(None),
         };
         let channel = transport.channel().await?;
@@ -215,17 +225,19 @@ impl RabbitTransport {
             )
             .await
             .map_err(|e| Error::broker(BROKER, format!("consume from queue {:?}", self.queue), e))?;
+        let id = self.sessions.fetch_add(1, Ordering::SeqCst) + 1;
         tracing::debug!(
             messaging.system = "rabbitmq",
             messaging.source.name = %self.queue,
             consumer_tag = %consumer.tag(),
             prefetch = self.prefetch,
+            session = id,
             "RabbitMQ consume session started"
         );
-        Ok(Session { channel, consumer })
+        Ok(Session { id, channel, consumer })
     }
 
-    fn delivery(delivery: lapin::message::Delivery) -> Delivery<RabbitReceipt> {
+    fn delivery(session: u64, delivery: lapin::message::Delivery) -> Delivery<RabbitReceipt> {
         let headers = headers_of(&delivery.properties);
         let deliveries = match headers.get(DELIVERY_COUNT_HEADER).and_then(|n| n.parse::<u32>().ok()) {
             // A quorum queue counts the earlier deliveries that were returned.
@@ -242,6 +254,7 @@ impl RabbitTransport {
                 acker: delivery.acker,
                 delivery_tag: delivery.delivery_tag,
                 properties: delivery.properties,
+                session,
             },
         }
     }
@@ -358,7 +371,27 @@ pub(super) fn carried_properties(original: &BasicProperties, headers: FieldTable
     properties
 }
 
-fn settled(operation: &str, delivery_tag: u64, queue: &str, result: lapin::Result<bool>) -> Result<()> {
+/// How long an ack or release may take to be handed to the connection. `basic.ack` has no reply, so
+/// this only bounds lapin's own bookkeeping: an ack sent while the connection was breaking has been seen
+/// to never resolve, which held its aggregate's lane forever.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `settle`, or an error after [`SETTLE_TIMEOUT`].
+async fn within_settle_timeout(
+    settle: impl Future<Output = lapin::Result<bool>>,
+) -> std::result::Result<bool, crate::error::BoxError> {
+    match tokio::time::timeout(SETTLE_TIMEOUT, settle).await {
+        Ok(result) => result.map_err(Into::into),
+        Err(_) => Err(format!("not handed to the connection within {SETTLE_TIMEOUT:?}").into()),
+    }
+}
+
+fn settled(
+    operation: &str,
+    delivery_tag: u64,
+    queue: &str,
+    result: std::result::Result<bool, crate::error::BoxError>,
+) -> Result<()> {
     match result {
         Ok(true) => Ok(()),
         Ok(false) => Err(Error::broker(
@@ -371,11 +404,17 @@ fn settled(operation: &str, delivery_tag: u64, queue: &str, result: lapin::Resul
 }
 
 impl RabbitTransport {
-    /// [`settled`], marking the consume session stale when the ack or release did not go through.
-    fn settled(&self, operation: &str, delivery_tag: u64, result: lapin::Result<bool>) -> Result<()> {
-        let outcome = settled(operation, delivery_tag, &self.queue, result);
+    /// [`settled`], marking the receipt's session stale when the ack or release did not go through.
+    fn settled(
+        &self,
+        operation: &str,
+        receipt: &RabbitReceipt,
+        result: std::result::Result<bool, crate::error::BoxError>,
+    ) -> Result<()> {
+        let outcome = settled(operation, receipt.delivery_tag, &self.queue, result);
         if outcome.is_err() {
-            self.stale.store(true, std::sync::atomic::Ordering::SeqCst);
+            // The newest session matters: older ones are closed, their messages requeued already.
+            self.stale.fetch_max(receipt.session, Ordering::SeqCst);
         }
         outcome
     }
@@ -397,10 +436,14 @@ impl Transport for RabbitTransport {
     /// deliveries) and reopened at the next fetch.
     async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery<RabbitReceipt>>> {
         let mut session = self.session.lock().await;
-        if self.stale.swap(false, std::sync::atomic::Ordering::SeqCst)
-            && let Some(old) = session.take()
+        let stale = self.stale.swap(0, Ordering::SeqCst);
+        if stale != 0
+            && let Some(old) = session.take_if(|current| current.id == stale)
         {
-            tracing::debug!("an ack failed: closing the consume channel so RabbitMQ requeues what it holds");
+            tracing::debug!(
+                session = old.id,
+                "an ack failed on a live channel: closing it so RabbitMQ requeues what it holds"
+            );
             close_quietly(&old.channel).await;
         }
         if !session.as_ref().is_some_and(|s| s.channel.status().connected()) {
@@ -412,7 +455,10 @@ impl Transport for RabbitTransport {
         };
         let lost = |e: String| Error::broker(BROKER, format!("receive from queue {:?}", self.queue), e);
         let first = match tokio::time::timeout(wait, open.consumer.next()).await {
-            Err(_) => return Ok(Vec::new()),
+            Err(_) => {
+                tracing::trace!(session = open.id, "nothing delivered within the fetch wait");
+                return Ok(Vec::new());
+            }
             Ok(Some(Ok(delivery))) => delivery,
             Ok(Some(Err(e))) => {
                 *session = None;
@@ -423,10 +469,11 @@ impl Transport for RabbitTransport {
                 return Err(lost("the broker cancelled the consumer (queue deleted?)".to_owned()));
             }
         };
-        let mut batch = vec![Self::delivery(first)];
+        let id = open.id;
+        let mut batch = vec![Self::delivery(id, first)];
         while batch.len() < max {
             match open.consumer.next().now_or_never() {
-                Some(Some(Ok(delivery))) => batch.push(Self::delivery(delivery)),
+                Some(Some(Ok(delivery))) => batch.push(Self::delivery(id, delivery)),
                 Some(Some(Err(error))) => {
                     tracing::debug!(%error, "RabbitMQ consume session broke; reopening at the next fetch");
                     *session = None;
@@ -439,20 +486,22 @@ impl Transport for RabbitTransport {
                 None => break,
             }
         }
+        tracing::trace!(session = id, fetched = batch.len(), "fetched");
         Ok(batch)
     }
 
-    /// `basic.ack` of this delivery tag alone (never `multiple`).
+    /// `basic.ack` of this delivery tag alone (never `multiple`), given up after 5 s.
     async fn ack(&self, receipt: &RabbitReceipt) -> Result<()> {
-        let result = receipt.acker.ack(BasicAckOptions { multiple: false }).await;
-        self.settled("ack", receipt.delivery_tag, result)
+        let result = within_settle_timeout(receipt.acker.ack(BasicAckOptions { multiple: false })).await;
+        self.settled("ack", receipt, result)
     }
 
     /// `basic.nack` with `requeue = true`: RabbitMQ puts the message back (at its old position where it
-    /// can) and delivers it again.
+    /// can) and delivers it again. Given up after 5 s.
     async fn release(&self, receipt: &RabbitReceipt) -> Result<()> {
-        let result = receipt.acker.nack(BasicNackOptions { multiple: false, requeue: true }).await;
-        self.settled("release", receipt.delivery_tag, result)
+        let result =
+            within_settle_timeout(receipt.acker.nack(BasicNackOptions { multiple: false, requeue: true })).await;
+        self.settled("release", receipt, result)
     }
 
     /// Publishes the original payload, properties and headers (minus `x-delivery-count` and earlier
