@@ -239,3 +239,11 @@ async fn mysql(test: &str) -> Result<TestDb, String> {
     let db = connect(&url, DbBackend::MySql, "").await.map_err(|e| e.to_string())?;
     Ok(TestDb { db, backend: DbBackend::MySql, url })
 }
+
+/// The library's own events (`contract`) are locked in `tests/events.lock` by its unit test, which links
+/// all of them; a test binary links them only when it uses them.
+#[cfg(test)]
+#[test]
+fn events_lock_matches_the_library_events() {
+    outbox_seaorm::verify_events_lock_all(concat!(env!("CARGO_MANIFEST_DIR"), "/events.lock")).unwrap();
+}
