@@ -246,3 +246,16 @@ fn enums_newtypes_and_fields_locked_by_name_have_their_lines() {
         ]
     );
 }
+
+/// A type that holds itself: its fields are locked once, the inner one by name.
+#[derive(PayloadSchema, Serialize, Deserialize)]
+struct Node {
+    name: String,
+    children: Vec<Node>,
+}
+
+#[test]
+fn a_recursive_type_is_locked_one_level_deep() {
+    let lines: Vec<_> = Node::FIELDS.iter().map(|f| (f.name, f.ty, f.fields.len())).collect();
+    assert_eq!(lines, [("name", "String", 0), ("children", "Vec<Node>", 0)]);
+}

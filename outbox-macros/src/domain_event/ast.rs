@@ -1,6 +1,7 @@
 //! The typed input of the derives: container, variant and field attributes, serde renames applied.
 
 use proc_macro2::Span;
+use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Fields, Ident, LitInt, LitStr, Token, Type};
@@ -23,8 +24,9 @@ pub struct Field<'a> {
     pub json_name: String,
     pub aggregate_id: Option<Span>,
     pub skipped: bool,
-    /// Locked by its type name only: `#[payload_schema(by_name)]`, or a custom serde `with` /
-    /// `serialize_with` (the type's own fields are then not what the JSON holds).
+    /// Locked by its type name only: `#[payload_schema(by_name)]`, a custom serde `with` /
+    /// `serialize_with` (the type's own fields are then not what the JSON holds), or a type that holds the
+    /// container itself (`children: Vec<Node>` in `Node`, whose fields are locked one level up already).
     pub by_name: bool,
 }
 
@@ -133,7 +135,7 @@ impl<'a> Event<'a> {
             );
         }
         let serde = SerdeContainer::from_attrs(&input.attrs);
-        event.fields = parse_fields(&data.fields, serde.rename_all.as_deref(), true, &mut errors);
+        event.fields = parse_fields(&input.ident, &data.fields, serde.rename_all.as_deref(), true, &mut errors);
         errors.finish()?;
         Ok(event)
     }
@@ -144,7 +146,9 @@ impl<'a> Payload<'a> {
         let mut errors = Errors::default();
         let serde = SerdeContainer::from_attrs(&input.attrs);
         let body = match &input.data {
-            Data::Struct(data) => Body::Struct(shape(&data.fields, serde.rename_all.as_deref(), &mut errors)),
+            Data::Struct(data) => {
+                Body::Struct(shape(&input.ident, &data.fields, serde.rename_all.as_deref(), &mut errors))
+            }
             Data::Enum(data) => Body::Enum(
                 data.variants
                     .iter()
@@ -155,7 +159,7 @@ impl<'a> Payload<'a> {
                             json_name: attrs.rename.unwrap_or_else(|| {
                                 apply_rename_to_variant(&variant.ident.to_string(), serde.rename_all.as_deref())
                             }),
-                            shape: shape(&variant.fields, rename_fields, &mut errors),
+                            shape: shape(&input.ident, &variant.fields, rename_fields, &mut errors),
                             skipped: attrs.skipped,
                         }
                     })
@@ -173,17 +177,23 @@ impl<'a> Payload<'a> {
     }
 }
 
-fn shape<'a>(fields: &'a Fields, rename_all: Option<&str>, errors: &mut Errors) -> Shape<'a> {
+fn shape<'a>(container: &Ident, fields: &'a Fields, rename_all: Option<&str>, errors: &mut Errors) -> Shape<'a> {
     match fields {
-        Fields::Named(_) => Shape::Named(parse_fields(fields, rename_all, false, errors)),
-        Fields::Unnamed(_) => Shape::Tuple(parse_fields(fields, rename_all, false, errors)),
+        Fields::Named(_) => Shape::Named(parse_fields(container, fields, rename_all, false, errors)),
+        Fields::Unnamed(_) => Shape::Tuple(parse_fields(container, fields, rename_all, false, errors)),
         Fields::Unit => Shape::Unit,
     }
 }
 
 /// The fields with their serde names; `aggregate_id` is read for `DomainEvent` only (elsewhere it is not a
 /// registered attribute, so rustc reports it).
-fn parse_fields<'a>(fields: &'a Fields, rename_all: Option<&str>, event: bool, errors: &mut Errors) -> Vec<Field<'a>> {
+fn parse_fields<'a>(
+    container: &Ident,
+    fields: &'a Fields,
+    rename_all: Option<&str>,
+    event: bool,
+    errors: &mut Errors,
+) -> Vec<Field<'a>> {
     let mut parsed = Vec::new();
     let mut position = 0;
     for field in fields {
@@ -196,7 +206,8 @@ fn parse_fields<'a>(fields: &'a Fields, rename_all: Option<&str>, event: bool, e
             },
             aggregate_id: None,
             skipped: false,
-            by_name: false,
+            // Its schema would contain itself: a `const` cycle.
+            by_name: mentions(field.ty.to_token_stream(), container),
         };
         for attr in &field.attrs {
             if event && attr.path().is_ident("aggregate_id") {
@@ -246,6 +257,15 @@ fn parse_fields<'a>(fields: &'a Fields, rename_all: Option<&str>, event: bool, e
         parsed.push(next);
     }
     parsed
+}
+
+/// Whether `tokens` name `container` (or `Self`).
+fn mentions(tokens: proc_macro2::TokenStream, container: &Ident) -> bool {
+    tokens.into_iter().any(|tree| match tree {
+        proc_macro2::TokenTree::Ident(ident) => ident == *container || ident == "Self",
+        proc_macro2::TokenTree::Group(group) => mentions(group.stream(), container),
+        _ => false,
+    })
 }
 
 /// The serde attributes of a struct or enum that change JSON names.
