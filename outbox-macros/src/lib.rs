@@ -1,7 +1,9 @@
 //! # outbox-macros
 //!
 //! Procedural macros for the transactional outbox; use them through `outbox-seaorm`, which re-exports them
-//! and which every path in the generated code points to (`::outbox_seaorm::__private`).
+//! and which every path in the generated code points to (`::outbox_seaorm::__private`; the derives name the
+//! runtime's support module, `__derive`, through `outbox_seaorm` or `outbox_runtime`, whichever the crate
+//! depends on).
 //!
 //! - [`DomainEvent`](derive@DomainEvent): stable name, version, aggregate, upcasting, schema checked
 //!   against `events.lock` at compile time.
