@@ -57,12 +57,45 @@ extern crate self as outbox_runtime;
 /// ```
 pub use outbox_macros::DomainEvent;
 
-/// Support for the code `#[derive(DomainEvent)]` generates; not a public API.
+/// `#[derive(PayloadSchema)]` for the types inside an event's payload (nested structs and enums) and for
+/// the `upcast_from` structs of older versions: `events.lock` then locks their fields too.
+///
+/// ```
+/// use outbox_runtime::{DomainEvent, PayloadSchema};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(PayloadSchema, Serialize, Deserialize)]
+/// struct Address {
+///     street: String,
+/// }
+///
+/// #[derive(DomainEvent, Serialize, Deserialize)]
+/// #[domain_event(name = "order.shipped", version = 1, aggregate = "order")]
+/// struct OrderShipped {
+///     #[aggregate_id]
+///     order_id: String,
+///     to: Address,
+/// }
+///
+/// let lines = OrderShipped::SCHEMA.lock_lines();
+/// assert_eq!(lines[2], ("to.street".to_owned(), "String".to_owned()));
+/// ```
+pub use outbox_macros::PayloadSchema;
+
+/// Support for the code `#[derive(DomainEvent)]` and `#[derive(PayloadSchema)]` generate; not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::event::{DomainEvent, EventSchema, FieldSchema};
+    pub use crate::event::{DomainEvent, EventSchema, FieldSchema, PayloadSchema, RegisteredEvent, assert_locked};
+    pub use inventory;
     pub use serde_json;
 }
+
+/// The same module under a name `outbox_seaorm`'s `pub use outbox_runtime::*` does not shadow (it has a
+/// `__private` of its own): the derives reach it as `outbox_seaorm::__derive` or `outbox_runtime::__derive`,
+/// so the generated code names only the crate the app depends on.
+#[doc(hidden)]
+pub use self::__private as __derive;
+
 mod store;
 mod text;
 
@@ -76,7 +109,7 @@ pub use envelope::{
 pub use error::{BoxError, Error, Result};
 #[cfg(feature = "schemars")]
 pub use event::event_json_schema;
-pub use event::{DomainEvent, EventSchema, FieldSchema, verify_events_lock};
+pub use event::{DomainEvent, EventSchema, FieldSchema, PayloadSchema, verify_events_lock, verify_events_lock_all};
 pub use faults::FaultyPublisher;
 pub use inbox::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 pub use memory::InMemoryPublisher;

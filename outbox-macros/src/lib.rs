@@ -1,10 +1,14 @@
 //! # outbox-macros
 //!
 //! Procedural macros for the transactional outbox; use them through `outbox-seaorm`, which re-exports them
-//! and which every path in the generated code points to (`::outbox_seaorm::__private`).
+//! and which every path in the generated code points to (`::outbox_seaorm::__private`; the derives name the
+//! runtime's support module, `__derive`, through `outbox_seaorm` or `outbox_runtime`, whichever the crate
+//! depends on).
 //!
 //! - [`DomainEvent`](derive@DomainEvent): stable name, version, aggregate, upcasting, schema checked
 //!   against `events.lock` at compile time.
+//! - [`PayloadSchema`](derive@PayloadSchema): the schema of a type inside an event (or of an `upcast_from`
+//!   struct), so `events.lock` locks its fields too.
 //! - [`transactional_outbox`](macro@transactional_outbox): runs a service method in a transaction and writes
 //!   the events it `emit!`s in that transaction.
 //! - [`idempotent_handler`](macro@idempotent_handler): wraps a consumer in inbox de-duplication, in one
@@ -43,12 +47,39 @@ mod transactional;
 ///   into this type; every version from the oldest listed to `version - 1` must be there.
 /// - `#[aggregate_id]` on exactly one field (any `Display` type).
 ///
-/// The schema (JSON field names after serde renames, and Rust types) is compared with the entry for
-/// `(name, version)` in the nearest `events.lock` (searched from the source file's directory up to the crate
-/// root): a locked event whose fields changed does not compile.
-#[proc_macro_derive(DomainEvent, attributes(domain_event, aggregate_id))]
+/// The schema (JSON field names after serde renames, Rust types in their short form, and the fields of the
+/// types inside, which must implement `PayloadSchema`) is compared with the entry for `(name, version)` in
+/// the nearest `events.lock` (searched from the source file's directory up to the crate root), and each
+/// `upcast_from` struct (which must implement `PayloadSchema` too) with the entry of its version: a locked
+/// event whose fields changed does not compile. The event is also registered for
+/// `verify_events_lock_all`, the lock test that adds new entries with `OUTBOX_BLESS=1`.
+///
+/// A field `#[payload_schema(by_name)]` is locked by its type name only (for a type from another crate
+/// without `PayloadSchema`); so is a field with serde's `with` or `serialize_with`.
+#[proc_macro_derive(DomainEvent, attributes(domain_event, aggregate_id, payload_schema))]
 pub fn derive_domain_event(input: TokenStream) -> TokenStream {
     domain_event::derive(input.into()).into()
+}
+
+/// Implements `PayloadSchema` for a struct or an enum held inside an event, or used as an `upcast_from`
+/// struct: `events.lock` then locks its fields (variants), as serde names them, under the field that holds
+/// it.
+///
+/// ```ignore
+/// #[derive(PayloadSchema, Serialize, Deserialize)]
+/// pub struct Address {
+///     pub street: String,
+///     #[payload_schema(by_name)]
+///     pub geo: other_crate::Point,
+/// }
+/// ```
+///
+/// Reads serde's `rename`, `rename_all`, `rename_all_fields` and `skip`/`skip_serializing`; a field with
+/// `with` or `serialize_with`, or marked `#[payload_schema(by_name)]`, is locked by its type name only.
+/// Every other field's type must implement `PayloadSchema`.
+#[proc_macro_derive(PayloadSchema, attributes(payload_schema))]
+pub fn derive_payload_schema(input: TokenStream) -> TokenStream {
+    domain_event::derive_payload_schema(input.into()).into()
 }
 
 /// Runs an async service method (or every such method of an inherent impl block) in a transaction and

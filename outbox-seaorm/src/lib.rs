@@ -94,7 +94,7 @@ macro_rules! emit {
 /// The names most apps need: `use outbox_seaorm::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Consumer, ConsumerConfig, DomainEvent, InboxOutcome, NewEvent, Received, Relay, RelayConfig, SeaOrmStore, emit,
-        idempotent_handler, transactional_outbox,
+        Consumer, ConsumerConfig, DomainEvent, InboxOutcome, NewEvent, PayloadSchema, Received, Relay, RelayConfig,
+        SeaOrmStore, emit, idempotent_handler, transactional_outbox,
     };
 }

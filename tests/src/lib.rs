@@ -250,3 +250,11 @@ pub fn log_to_test_output() {
             .try_init();
     }
 }
+
+/// The library's own events (`contract`) are locked in `tests/events.lock` by its unit test, which links
+/// all of them; a test binary links them only when it uses them.
+#[cfg(test)]
+#[test]
+fn events_lock_matches_the_library_events() {
+    outbox_seaorm::verify_events_lock_all(concat!(env!("CARGO_MANIFEST_DIR"), "/events.lock")).unwrap();
+}

@@ -22,7 +22,8 @@ impl DomainEvent for Tick {
     const VERSION: i32 = 2;
     const OLDEST_VERSION: i32 = 2;
     const AGGREGATE_TYPE: &'static str = "item";
-    const SCHEMA: crate::event::EventSchema = crate::event::EventSchema { name: "tick", version: 2, fields: &[] };
+    const SCHEMA: crate::event::EventSchema =
+        crate::event::EventSchema { name: "tick", version: 2, type_name: "Tick", fields: &[], upcast_from: &[] };
 
     fn aggregate_id(&self) -> String {
         self.item.clone()

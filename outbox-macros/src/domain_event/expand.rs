@@ -1,29 +1,127 @@
-//! Code generation for `#[derive(DomainEvent)]`.
+//! Code generation for `#[derive(DomainEvent)]` and `#[derive(PayloadSchema)]`.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use super::ast::Event;
-use super::lock::{find_lock_file, type_string};
+use super::ast::{Body, Event, Field, Payload, Shape};
+use super::lock::{Lock, type_string};
+use crate::schema_lock::LockedNode;
 
-pub fn expand(event: &Event<'_>) -> TokenStream {
-    let ident = event.ident;
-    let (impl_generics, ty_generics, where_clause) = event.generics.split_for_impl();
+/// The `FieldSchema` of each serialized field; a field's nested fields come from its type's
+/// `PayloadSchema` impl, which is required (spanned at the type) unless the field is locked by name.
+fn field_schemas<'a>(private: &TokenStream, fields: impl Iterator<Item = &'a Field<'a>>) -> Vec<TokenStream> {
+    fields
+        .map(|field| {
+            let json = &field.json_name;
+            let ty_string = type_string(field.ty);
+            let nested = nested_fields(private, field);
+            quote!(#private::FieldSchema { name: #json, ty: #ty_string, fields: #nested })
+        })
+        .collect()
+}
+
+fn nested_fields(private: &TokenStream, field: &Field<'_>) -> TokenStream {
+    let ty = field.ty;
+    if field.by_name { quote!(&[]) } else { quote_spanned!(ty.span()=> <#ty as #private::PayloadSchema>::FIELDS) }
+}
+
+/// `where` clauses with `T: PayloadSchema` for every type parameter.
+fn with_schema_bounds(private: &TokenStream, generics: &syn::Generics) -> syn::Generics {
+    let mut generics = generics.clone();
+    let params: Vec<_> = generics.type_params().map(|p| p.ident.clone()).collect();
+    let clause = generics.make_where_clause();
+    for param in params {
+        clause.predicates.push(syn::parse_quote!(#param: #private::PayloadSchema));
+    }
+    generics
+}
+
+/// `impl PayloadSchema` with the given field list.
+fn payload_impl(
+    private: &TokenStream,
+    ident: &syn::Ident,
+    generics: &syn::Generics,
+    fields: TokenStream,
+) -> TokenStream {
+    let generics = with_schema_bounds(private, generics);
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    quote! {
+        impl #impl_generics #private::PayloadSchema for #ident #ty_generics #where_clause {
+            const FIELDS: &'static [#private::FieldSchema] = &[#fields];
+        }
+    }
+}
+
+pub fn expand_payload(payload: &Payload<'_>) -> TokenStream {
     let private = crate::paths::derive_private();
+    let fields = match &payload.body {
+        Body::Struct(shape) => {
+            let fields = field_schemas(&private, shape.fields());
+            quote!(#(#fields),*)
+        }
+        Body::Enum(variants) => {
+            let variants = variants.iter().filter(|v| !v.skipped).map(|variant| {
+                let json = &variant.json_name;
+                let (ty, nested) = match &variant.shape {
+                    Shape::Unit => ("variant".to_owned(), quote!(&[])),
+                    // serde writes a newtype variant's value as is: its fields are the variant's.
+                    Shape::Tuple(fields) if fields.len() == 1 => {
+                        (format!("variant({})", type_string(fields[0].ty)), nested_fields(&private, &fields[0]))
+                    }
+                    Shape::Tuple(fields) => {
+                        let types: Vec<String> = variant.shape.fields().map(|f| type_string(f.ty)).collect();
+                        let fields = field_schemas(&private, fields.iter().filter(|f| !f.skipped));
+                        (format!("variant({})", types.join(",")), quote!(&[#(#fields),*]))
+                    }
+                    Shape::Named(_) => {
+                        let fields = field_schemas(&private, variant.shape.fields());
+                        ("variant{}".to_owned(), quote!(&[#(#fields),*]))
+                    }
+                };
+                quote!(#private::FieldSchema { name: #json, ty: #ty, fields: #nested })
+            });
+            quote!(#(#variants),*)
+        }
+    };
+    payload_impl(&private, payload.ident, payload.generics, fields)
+}
+
+/// What a failed `#[derive(PayloadSchema)]` still emits: an impl without fields, so the error is the only one.
+pub fn payload_fallback(input: &syn::DeriveInput) -> TokenStream {
+    let private = crate::paths::derive_private();
+    payload_impl(&private, &input.ident, &input.generics, quote!())
+}
+
+/// The locked fields as `FieldSchema` tokens, for the generated comparison.
+fn locked_tokens(private: &TokenStream, nodes: &[LockedNode]) -> TokenStream {
+    let nodes = nodes.iter().map(|node| {
+        let name = &node.name;
+        let ty = crate::schema_lock::normalize_type(&node.ty);
+        let fields = locked_tokens(private, &node.fields);
+        quote!(#private::FieldSchema { name: #name, ty: #ty, fields: #fields })
+    });
+    quote!(&[#(#nodes),*])
+}
+
+/// `fields_match` is false when the derive already reported a changed field of the event itself: the
+/// nested comparison would only repeat it.
+pub fn expand(event: &Event<'_>, lock: &Lock, fields_match: bool) -> TokenStream {
+    let ident = event.ident;
+    let private = crate::paths::derive_private();
+    let generics = with_schema_bounds(&private, event.generics);
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     // Validated before expansion: all three are present.
     let name = event.name.as_ref().map(syn::LitStr::value).unwrap_or_default();
     let version: i32 = event.version.as_ref().and_then(|v| v.base10_parse().ok()).unwrap_or(1);
     let aggregate = event.aggregate.as_ref().map(syn::LitStr::value).unwrap_or_default();
     let oldest = event.upcasts.iter().map(|u| u.version as i32).min().unwrap_or(version);
+    let type_name = ident.to_string();
 
-    let fields = event.fields.iter().filter(|f| !f.skipped).map(|f| {
-        let json = &f.json_name;
-        let ty = type_string(f.ty);
-        quote!(#private::FieldSchema { name: #json, ty: #ty })
-    });
+    let fields = field_schemas(&private, event.fields.iter().filter(|f| !f.skipped));
+    let payload = payload_impl(&private, ident, event.generics, quote!(#(#fields),*));
 
-    let id_field = event.fields.iter().find(|f| f.aggregate_id.is_some()).map(|f| f.ident);
+    let id_field = event.fields.iter().find(|f| f.aggregate_id.is_some()).and_then(|f| f.ident);
     let aggregate_id = quote_spanned! {id_field.span()=>
         ::std::string::ToString::to_string(&self.#id_field)
     };
@@ -47,17 +145,44 @@ pub fn expand(event: &Event<'_>) -> TokenStream {
             }
         }
     });
+    // Each older version's schema is its `upcast_from` struct's, which must describe itself.
+    let older = upcasts.iter().map(|upcast| {
+        let v = upcast.version as i32;
+        let ty = &upcast.ty;
+        let ty_name = type_string(ty);
+        let fields = quote_spanned!(ty.span()=> <#ty as #private::PayloadSchema>::FIELDS);
+        quote! {
+            #private::EventSchema { name: #name, version: #v, type_name: #ty_name, fields: #fields, upcast_from: &[] }
+        }
+    });
 
     // Rebuild when the lock file changes.
-    let track = find_lock_file().map(|path| {
-        let path = path.display().to_string();
+    let track = lock.exists.then(|| {
+        let path = lock.path.display().to_string();
         quote!(
             const _: &[u8] = ::std::include_bytes!(#path);
         )
     });
 
+    // A generic event has no one type to register or to check at compile time: the explicit list covers it.
+    let concrete = event.generics.params.is_empty();
+    let register = concrete.then(|| {
+        let lock_file = lock.path.display().to_string();
+        quote! {
+            #private::inventory::submit! {
+                #private::RegisteredEvent {
+                    lock_file: #lock_file,
+                    schema: <#ident as #private::DomainEvent>::SCHEMA,
+                }
+            }
+        }
+    });
+    let checks = if concrete { locked_checks(event, lock, &private, &name, version, fields_match) } else { Vec::new() };
+
     quote! {
         #track
+
+        #payload
 
         impl #impl_generics #private::DomainEvent for #ident #ty_generics #where_clause {
             const NAME: &'static str = #name;
@@ -67,7 +192,9 @@ pub fn expand(event: &Event<'_>) -> TokenStream {
             const SCHEMA: #private::EventSchema = #private::EventSchema {
                 name: #name,
                 version: #version,
-                fields: &[#(#fields),*],
+                type_name: #type_name,
+                fields: <Self as #private::PayloadSchema>::FIELDS,
+                upcast_from: &[#(#older),*],
             };
 
             fn aggregate_id(&self) -> ::std::string::String {
@@ -84,5 +211,88 @@ pub fn expand(event: &Event<'_>) -> TokenStream {
                 }
             }
         }
+
+        #register
+
+        #(#checks)*
     }
+}
+
+/// The compile-time comparisons of what the derive cannot see with the locked entries: each field of the
+/// event whose entry locks nested lines (spanned at the field), and each `upcast_from` struct whose
+/// version is locked (spanned at the struct in the attribute).
+fn locked_checks(
+    event: &Event<'_>,
+    lock: &Lock,
+    private: &TokenStream,
+    name: &str,
+    version: i32,
+    fields_match: bool,
+) -> Vec<TokenStream> {
+    let mut checks = Vec::new();
+    if fields_match && let Some(entry) = lock.entry(name, version) {
+        let head = format!("event `{name} v{version}` is locked in events.lock and a type inside it changed");
+        let advice = format!(
+            "Released events must not change, nor the types they hold: restore the locked fields, or bump \
+             `version` to {} and add `upcast_from(v{version} = ...)` with a struct of the old fields",
+            version + 1
+        );
+        for field in event.fields.iter().filter(|f| !f.skipped && !f.by_name) {
+            let Some(node) = entry.iter().find(|n| n.name == field.json_name) else { continue };
+            if node.fields.is_empty() {
+                continue;
+            }
+            let ty = field.ty;
+            let prefix = &field.json_name;
+            let locked = locked_tokens(private, &node.fields);
+            checks.push(respan(
+                quote! {
+                    const _: () = #private::assert_locked(
+                        #head, #advice, #prefix, #locked, <#ty as #private::PayloadSchema>::FIELDS,
+                    );
+                },
+                field.span(),
+            ));
+        }
+    }
+    for upcast in &event.upcasts {
+        let v = upcast.version as i32;
+        let Some(entry) = lock.entry(name, v) else { continue };
+        let ty = &upcast.ty;
+        let ty_name = type_string(ty);
+        let head = format!(
+            "`{ty_name}` decodes the stored `{name} v{v}` events and no longer matches their entry in events.lock"
+        );
+        let advice = format!(
+            "Every stored v{v} event would fail to decode: restore the locked fields of `{ty_name}` (serde \
+             renames and nested types included); it must keep the shape v{v} was released with"
+        );
+        let locked = locked_tokens(private, &entry);
+        checks.push(respan(
+            quote! {
+                const _: () = #private::assert_locked(
+                    #head, #advice, "", #locked, <#ty as #private::PayloadSchema>::FIELDS,
+                );
+            },
+            ty.span(),
+        ));
+    }
+    checks
+}
+
+/// `tokens` with every span set to `span`, so that an error about the whole expression (a failed `const`
+/// evaluation) lands on the user's type rather than on the derive.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tree| {
+            if let TokenTree::Group(group) = &tree {
+                let mut inner = proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+                inner.set_span(span);
+                tree = TokenTree::Group(inner);
+            }
+            tree.set_span(span);
+            tree
+        })
+        .collect()
 }

@@ -1,7 +1,7 @@
 //! Semantic checks of a parsed derive input; every problem is reported in one compile.
 
 use super::ast::Event;
-use crate::diagnostics::Errors;
+use super::errors::Errors;
 
 pub fn check(event: &Event<'_>) -> syn::Result<()> {
     let mut errors = Errors::default();
@@ -51,7 +51,7 @@ pub fn check(event: &Event<'_>) -> syn::Result<()> {
         [_] => {}
         [_, rest @ ..] => {
             for field in rest {
-                errors.at(field.ident, "only one field can be `#[aggregate_id]`");
+                errors.push(syn::Error::new(field.span(), "only one field can be `#[aggregate_id]`"));
             }
         }
     }

@@ -1,7 +1,7 @@
-use outbox_seaorm::DomainEvent;
+use outbox_seaorm::{DomainEvent, PayloadSchema};
 use serde::{Deserialize, Serialize};
 
-#[derive(Serialize, Deserialize)]
+#[derive(PayloadSchema, Serialize, Deserialize)]
 pub struct OrderPlacedV1 {
     pub order_id: String,
 }

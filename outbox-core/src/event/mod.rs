@@ -1,39 +1,20 @@
 //! Typed domain events: what `#[derive(DomainEvent)]` implements.
 
-use std::path::Path;
-
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::envelope::{NewEvent, OutboxEvent};
 use crate::error::{Error, Result};
-use crate::schema_lock::{LockFile, compare};
 
-/// One field of an event's schema.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FieldSchema {
-    /// The JSON field name (serde renames applied).
-    pub name: &'static str,
-    /// The Rust type, as written.
-    pub ty: &'static str,
-}
+mod check;
+mod lock;
+mod schema;
+#[cfg(test)]
+mod tests;
 
-/// The schema of one event version, computed at compile time by the derive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EventSchema {
-    /// The stable event name.
-    pub name: &'static str,
-    /// The schema version.
-    pub version: i32,
-    /// The fields, in declaration order.
-    pub fields: &'static [FieldSchema],
-}
-
-impl EventSchema {
-    fn owned_fields(&self) -> Vec<(String, String)> {
-        self.fields.iter().map(|f| (f.name.to_owned(), f.ty.to_owned())).collect()
-    }
-}
+pub use check::assert_locked;
+pub use lock::{RegisteredEvent, verify_events_lock, verify_events_lock_all};
+pub use schema::{EventSchema, FieldSchema, PayloadSchema};
 
 /// An event type with a stable name, a schema version and an aggregate.
 ///
@@ -53,7 +34,8 @@ pub trait DomainEvent: Serialize + DeserializeOwned + Send + Sync + 'static {
     const OLDEST_VERSION: i32;
     /// The aggregate type (e.g. `order`).
     const AGGREGATE_TYPE: &'static str;
-    /// The schema of the current version.
+    /// The schema of the current version, with those of the `upcast_from` structs of older versions; what
+    /// [`verify_events_lock`] checks against `events.lock`.
     const SCHEMA: EventSchema;
 
     /// The id of the aggregate this event belongs to.
@@ -93,55 +75,6 @@ pub trait DomainEvent: Serialize + DeserializeOwned + Send + Sync + 'static {
             source,
         })
     }
-}
-
-/// Checks `schemas` against the lock file at `path`; with `OUTBOX_BLESS=1` in the environment, adds the
-/// missing entries instead (a locked entry is never rewritten: a changed schema needs a new version).
-///
-/// Call it from a test with every event type of the crate:
-/// ```no_run
-/// # use outbox_runtime::{DomainEvent, EventSchema};
-/// # fn schemas() -> Vec<EventSchema> { vec![] }
-/// outbox_runtime::verify_events_lock(concat!(env!("CARGO_MANIFEST_DIR"), "/events.lock"), &schemas()).unwrap();
-/// ```
-pub fn verify_events_lock(path: impl AsRef<Path>, schemas: &[EventSchema]) -> std::result::Result<(), String> {
-    let path = path.as_ref();
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-    };
-    let mut lock = LockFile::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let bless = std::env::var("OUTBOX_BLESS").is_ok_and(|v| v == "1");
-    let mut problems = Vec::new();
-    let mut added = 0;
-    for schema in schemas {
-        let key = (schema.name.to_owned(), schema.version);
-        match lock.entries.get(&key) {
-            Some(locked) => {
-                if let Some(change) = compare(locked, &schema.owned_fields()) {
-                    problems.push(format!(
-                        "`{} v{}` changed: {change}; bump the version and add an upcaster",
-                        schema.name, schema.version
-                    ));
-                }
-            }
-            None if bless => {
-                lock.entries.insert(key, schema.owned_fields());
-                added += 1;
-            }
-            None => problems.push(format!(
-                "`{} v{}` is not in {}; run `OUTBOX_BLESS=1 cargo test` to lock it",
-                schema.name,
-                schema.version,
-                path.display()
-            )),
-        }
-    }
-    if added > 0 {
-        std::fs::write(path, lock.render()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    if problems.is_empty() { Ok(()) } else { Err(problems.join("\n")) }
 }
 
 /// The JSON Schema of event `E`'s payload, for other teams to consume the contract, annotated with the
