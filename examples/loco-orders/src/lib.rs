@@ -4,7 +4,8 @@
 //!
 //! Loco has no shutdown hook on initializers, so the initializer keeps the running relay in the app's
 //! shared store and [`App::on_shutdown`] (called by Loco's graceful shutdown) stops it, letting its
-//! current pass finish.
+//! current pass finish. Loco calls it when the shutdown signal arrives, while the server still finishes
+//! its requests: an order committed after that waits in the outbox table for the next start.
 
 pub mod migration;
 
