@@ -1,0 +1,50 @@
+use outbox_seaorm::prelude::*;
+use sea_orm::{ActiveModelTrait, ActiveValue::Set, DatabaseConnection, DatabaseTransaction, DbErr};
+use serde::{Deserialize, Serialize};
+
+use crate::entity::{invoice, order}; // the app's SeaORM entities
+
+/// An order was placed: everything billing needs, so billing never reads `orders`.
+#[derive(DomainEvent, Clone, Debug, Serialize, Deserialize)]
+#[domain_event(name = "order.placed", version = 1, aggregate = "order")]
+pub struct OrderPlaced {
+    #[aggregate_id]
+    pub order_id: String,
+    pub customer: String,
+    pub total_minor: i64,
+}
+
+/// The body of `POST /orders`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PlaceOrder {
+    pub id: String,
+    pub customer: String,
+    pub total_minor: i64,
+}
+
+/// The orders service: stateless here; an app keeps its settings or clients in it.
+#[derive(Clone, Debug, Default)]
+pub struct OrderService;
+
+#[transactional_outbox]
+impl OrderService {
+    /// Places an order: the row and its `OrderPlaced` event commit together, or not at all.
+    pub async fn place(&self, db: &DatabaseConnection, cmd: PlaceOrder) -> Result<order::Model, DbErr> {
+        let PlaceOrder { id, customer, total_minor } = cmd;
+        let order = order::ActiveModel { id: Set(id), customer: Set(customer), total_minor: Set(total_minor) };
+        let order = order.insert(db).await?; // `db` is the method's transaction here
+        emit!(OrderPlaced { order_id: order.id.clone(), customer: order.customer.clone(), total_minor });
+        Ok(order) // Ok commits the order and its event; Err, a panic or cancellation rolls both back
+    }
+}
+
+/// Billing: one invoice per `OrderPlaced`, however often the broker delivers it.
+#[idempotent_handler(consumer = "billing")]
+pub async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
+    // The effect, in one transaction with the inbox row that marks the event as handled.
+    // (A third parameter, `envelope: &OutboxEvent`, gives the event's id, time and headers.)
+    let OrderPlaced { order_id, total_minor, .. } = event;
+    let invoice = invoice::ActiveModel { order_id: Set(order_id), total_minor: Set(total_minor), ..Default::default() };
+    invoice.insert(txn).await?;
+    Ok(())
+}
