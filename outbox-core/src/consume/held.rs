@@ -40,11 +40,13 @@ impl<K: Hash + Eq + Clone, V: Clone> HeldSet<K, V> {
     }
 
     /// Whether `key` is held.
+    #[cfg(any(test, feature = "redis"))]
     pub(crate) fn contains(&self, key: &K) -> bool {
         self.lock().contains_key(key)
     }
 
     /// How many messages are held.
+    #[cfg(any(test, feature = "nats"))]
     pub(crate) fn len(&self) -> usize {
         self.lock().len()
     }
