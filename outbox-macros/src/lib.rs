@@ -22,6 +22,7 @@ use proc_macro::TokenStream;
 mod connection;
 mod diagnostics;
 mod domain_event;
+mod emit;
 mod handler;
 mod paths;
 use outbox_schema_lock as schema_lock;
@@ -83,12 +84,25 @@ pub fn derive_payload_schema(input: TokenStream) -> TokenStream {
 }
 
 /// Runs an async service method (or every such method of an inherent impl block) in a transaction and
-/// inserts the events it emits with `emit!(event)` into the outbox, in emit order, before commit.
+/// inserts the events it emits with `emit!(event)` into the outbox, in emit order, with one multi-row
+/// insert just before commit.
 ///
-/// The method takes a SeaORM connection (`&DatabaseConnection`, `&DatabaseTransaction`, or `&C` with
-/// `C: TransactionTrait`): on a connection it begins a transaction, on a transaction a savepoint, so
-/// services compose. Inside the body the connection parameter names the transaction. `Ok` commits; `Err`,
-/// a panic or cancellation rolls back, events included. The error type must implement `From<DbErr>`.
+/// Where the connection comes from:
+/// - a parameter: `db: &DatabaseConnection` (widened to `&impl OutboxConnection`, so the method also takes
+///   a caller's `&DatabaseTransaction`), `&DatabaseTransaction`, or `&C` with `C: TransactionTrait`.
+///   Inside the body the parameter names the transaction.
+/// - `#[transactional_outbox(conn = self.db)]` (any expression: `state.db`, an `Arc<DatabaseConnection>`):
+///   inside the body that expression (`&self.db`, `&*self.db`, `self.db.as_ref()`) names the transaction.
+///   On an impl block, every `async fn` taking `self` runs in a transaction.
+///
+/// On a connection the method begins a transaction, on a transaction a savepoint, so services compose:
+/// an inner call's events commit or roll back with the outermost transaction. `Ok` commits; `Err`, a panic
+/// or cancellation rolls back, events included. The error type must implement `From<DbErr>`.
+///
+/// `emit!(event, headers = [("tenant", id)])` adds headers. `emit!` inside a closure or an `async` block
+/// (which may run after the commit), or inside another macro's input, is a compile error on that `emit!`;
+/// only this crate's `emit!` (`emit!` or `outbox_seaorm::emit!`) is rewritten. When the method itself is
+/// wrong (not async, no connection, no `Result`), that is the only error: its `emit!`s are neutralised.
 #[proc_macro_attribute]
 pub fn transactional_outbox(args: TokenStream, item: TokenStream) -> TokenStream {
     transactional::expand(args.into(), item.into()).into()

@@ -27,3 +27,18 @@ pub fn derive_private() -> TokenStream {
     }
     quote!(::outbox_seaorm::__derive)
 }
+
+/// How generated code names outbox-seaorm (`::outbox_seaorm`, or the app's rename of it), and every name
+/// `emit!` may be qualified with (`outbox_seaorm::emit!`).
+pub fn seaorm() -> (TokenStream, Vec<String>) {
+    let mut names = vec!["outbox_seaorm".to_owned()];
+    let path = match crate_name("outbox-seaorm") {
+        Ok(FoundCrate::Name(name)) => {
+            let ident = Ident::new(&name, Span::call_site());
+            names.push(name);
+            quote!(::#ident)
+        }
+        _ => quote!(::outbox_seaorm),
+    };
+    (path, names)
+}

@@ -1,30 +1,84 @@
 //! `#[transactional_outbox]`: run a service method in a transaction and write its `emit!`s there.
+//!
+//! Parse the arguments, then per method validate its shape and rewrite its body. A method that fails
+//! validation is emitted unchanged apart from its `emit!`s, which are neutralised, so each mistake gives
+//! exactly one error.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{quote, quote_spanned};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{Block, Ident, ImplItem, Item, ReturnType, Signature, Type};
+use syn::{Block, Expr, Ident, ImplItem, Item, ReturnType, Signature, Token};
 
-use crate::connection;
+use crate::connection::{self, ConnectionParam};
 use crate::diagnostics::{Errors, with_item};
+use crate::emit::{self, Mode, Names};
 use crate::signature::result_types;
 
-pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
-    if !args.is_empty() {
-        let error = syn::Error::new_spanned(args, "`#[transactional_outbox]` takes no arguments");
-        return with_item(item, error);
-    }
-    let parsed = match syn::parse2::<Item>(item.clone()) {
-        Ok(parsed) => parsed,
-        Err(_) => {
-            let error = syn::Error::new(
-                Span::call_site(),
-                "`#[transactional_outbox]` goes on an inherent `impl` block or on an `async fn`",
-            );
-            return with_item(item, error);
+/// `#[transactional_outbox]` or `#[transactional_outbox(conn = <expression>)]`.
+#[derive(Default)]
+struct Args {
+    /// Where the connection comes from when it is not a parameter: `self.db`, `state.db`, an `Arc`.
+    conn: Option<Expr>,
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let mut args = Args::default();
+        while !input.is_empty() {
+            let key: Ident = input.parse()?;
+            if key != "conn" {
+                return Err(syn::Error::new(
+                    key.span(),
+                    format!("unknown argument `{key}`; expected `conn = <expression>`, such as `conn = self.db`"),
+                ));
+            }
+            if args.conn.is_some() {
+                return Err(syn::Error::new(key.span(), "`conn` is given twice"));
+            }
+            input.parse::<Token![=]>()?;
+            args.conn = Some(input.parse()?);
+            input.parse::<Option<Token![,]>>()?;
         }
+        Ok(args)
+    }
+}
+
+/// What the expansion of one attribute shares between its methods.
+struct Context {
+    args: Args,
+    seaorm: TokenStream,
+    crate_names: Vec<String>,
+}
+
+impl Context {
+    fn names(&self) -> Names {
+        let seaorm = &self.seaorm;
+        Names { emitted: Ident::new("__outbox_emitted", Span::mixed_site()), private: quote!(#seaorm::__private) }
+    }
+
+    fn neutralise(&self, block: &mut Block) {
+        emit::rewrite(block, Mode::Neutralise, &self.names(), &self.crate_names);
+    }
+}
+
+pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let (seaorm, crate_names) = crate::paths::seaorm();
+    let parsed_args = syn::parse2::<Args>(args);
+    let Ok(parsed) = syn::parse2::<Item>(item.clone()) else {
+        let error = syn::Error::new(
+            Span::call_site(),
+            "`#[transactional_outbox]` goes on an inherent `impl` block or on an `async fn`",
+        );
+        return with_item(item, error);
     };
+    let cx = Context { args: Args::default(), seaorm, crate_names };
+    let args = match parsed_args {
+        Ok(args) => args,
+        Err(error) => return neutralised(parsed, &cx, error),
+    };
+    let cx = Context { args, ..cx };
     match parsed {
         Item::Impl(mut block) => {
             if let Some((_, path, _)) = &block.trait_ {
@@ -32,58 +86,82 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
                     path,
                     "`#[transactional_outbox]` goes on an inherent impl block (`impl Service { … }`), not a trait impl; put it on the methods of the inherent impl instead",
                 );
-                return with_item(item, error);
+                return neutralised(Item::Impl(block), &cx, error);
             }
             let mut errors = Errors::default();
             for member in &mut block.items {
-                if let ImplItem::Fn(method) = member {
-                    let has_conn = connection::find(&method.sig).is_some();
-                    if !has_conn {
-                        if uses_emit(&method.block) {
-                            errors.at(&method.sig.ident, missing_connection_message(&method.sig.ident));
-                        }
-                        continue;
+                let ImplItem::Fn(method) = member else { continue };
+                let takes_self = method.sig.receiver().is_some();
+                let wanted = match &cx.args.conn {
+                    Some(_) => takes_self && method.sig.asyncness.is_some(),
+                    None => connection::find(&method.sig).is_some(),
+                };
+                if wanted {
+                    if let Err(error) = rewrite(&mut method.sig, &mut method.block, &cx) {
+                        errors.push(error);
                     }
-                    match rewrite(&method.sig, &method.block) {
-                        Ok(block) => method.block = block,
-                        Err(e) => errors.push(e),
-                    }
+                } else if emit::uses_emit(&method.block, &cx.crate_names) {
+                    errors.at(&method.sig.ident, missing_connection_message(&method.sig.ident));
+                    cx.neutralise(&mut method.block);
                 }
             }
-            match errors.finish() {
-                Ok(()) => quote!(#block),
-                Err(e) => with_item(item, e),
+            finish(block.into_token_stream(), errors)
+        }
+        Item::Fn(mut function) => {
+            let mut errors = Errors::default();
+            if let Err(error) = rewrite(&mut function.sig, &mut function.block, &cx) {
+                errors.push(error);
+            }
+            finish(function.into_token_stream(), errors)
+        }
+        other => {
+            let error = syn::Error::new_spanned(
+                &other,
+                "`#[transactional_outbox]` goes on an inherent `impl` block or on an `async fn`",
+            );
+            with_item(other.into_token_stream(), error)
+        }
+    }
+}
+
+fn finish(item: TokenStream, errors: Errors) -> TokenStream {
+    match errors.finish() {
+        Ok(()) => item,
+        Err(error) => with_item(item, error),
+    }
+}
+
+/// The item with every `emit!` neutralised, plus `error`.
+fn neutralised(mut item: Item, cx: &Context, error: syn::Error) -> TokenStream {
+    match &mut item {
+        Item::Impl(block) => {
+            for member in &mut block.items {
+                if let ImplItem::Fn(method) = member {
+                    cx.neutralise(&mut method.block);
+                }
             }
         }
-        Item::Fn(mut function) => match rewrite(&function.sig, &function.block) {
-            Ok(block) => {
-                *function.block = block;
-                quote!(#function)
-            }
-            Err(e) => with_item(item, e),
-        },
-        other => with_item(
-            item,
-            syn::Error::new_spanned(
-                other,
-                "`#[transactional_outbox]` goes on an inherent `impl` block or on an `async fn`",
-            ),
-        ),
+        Item::Fn(function) => cx.neutralise(&mut function.block),
+        _ => {}
     }
+    with_item(item.into_token_stream(), error)
 }
 
 fn missing_connection_message(ident: &Ident) -> String {
     format!(
-        "`{ident}` emits events but takes no SeaORM connection: add a parameter such as `db: &DatabaseConnection` (or `&DatabaseTransaction`, or `&C` with `C: TransactionTrait`) so the events join its transaction"
+        "`{ident}` emits events but takes no SeaORM connection: add a parameter such as `db: &DatabaseConnection` (or `&DatabaseTransaction`, or `&C` with `C: TransactionTrait`), or name where the connection is with `#[transactional_outbox(conn = self.db)]`, so the events join its transaction"
     )
 }
 
-/// The error type `E` of a `Result<T, E>` return type, if it is spelled that way.
-fn error_type(ret: &ReturnType) -> Option<&Type> {
-    result_types(ret).map(|(_, err)| err)
+/// Where the method's transaction begins from.
+enum Source<'a> {
+    Param(ConnectionParam),
+    Expr(&'a Expr),
 }
 
-fn rewrite(sig: &Signature, block: &Block) -> syn::Result<Block> {
+/// Validates the method; on success rewrites its body (and widens a `&DatabaseConnection` parameter),
+/// otherwise neutralises its `emit!`s and returns every error.
+fn rewrite(sig: &mut Signature, block: &mut Block, cx: &Context) -> syn::Result<()> {
     let mut errors = Errors::default();
     if sig.asyncness.is_none() {
         errors.at(
@@ -91,12 +169,15 @@ fn rewrite(sig: &Signature, block: &Block) -> syn::Result<Block> {
             format!("`{}` must be `async fn`: the transaction is awaited around its body", sig.ident),
         );
     }
-    let conn = connection::find(sig);
-    if conn.is_none() {
+    let source = match &cx.args.conn {
+        Some(expr) => Some(Source::Expr(expr)),
+        None => connection::find(sig).map(Source::Param),
+    };
+    if source.is_none() {
         errors.at(&sig.ident, missing_connection_message(&sig.ident));
     }
     let ret_ty = match &sig.output {
-        ReturnType::Type(_, ty) => Some(ty),
+        ReturnType::Type(_, ty) => Some((**ty).clone()),
         ReturnType::Default => {
             errors.at(
                 &sig.ident,
@@ -108,109 +189,118 @@ fn rewrite(sig: &Signature, block: &Block) -> syn::Result<Block> {
             None
         }
     };
-    errors.finish()?;
-    let (Some(conn), Some(ret_ty)) = (conn, ret_ty) else {
-        return Err(syn::Error::new_spanned(&sig.ident, "unreachable: checked above"));
+    let (Some(source), Some(ret_ty)) = (source, ret_ty) else {
+        cx.neutralise(block);
+        return Err(errors.finish().err().unwrap_or_else(|| syn::Error::new(sig.ident.span(), "invalid method")));
     };
+    if let Err(error) = errors.finish() {
+        cx.neutralise(block);
+        return Err(error);
+    }
 
+    let names = cx.names();
+    let emitted = &names.emitted;
     let mut body = block.clone();
-    let mut emits = EmitRewriter { replaced: 0 };
-    emits.visit_block_mut(&mut body);
-    let stmts = &body.stmts;
-    let conn = &conn.ident;
+    emit::rewrite(&mut body, Mode::Rewrite, &names, &cx.crate_names);
     // Both places that need `E: From<DbErr>` are spanned at the user's error type (or the whole return
     // type when it is an alias such as `Result<T>`), so a missing conversion is reported once, there.
-    let err_span = error_type(&sig.output).map_or_else(|| ret_ty.span(), Spanned::span);
+    let err_span = result_types(&sig.output).map_or_else(|| ret_ty.span(), |(_, err)| err.span());
+    let private = names.private_at(err_span);
+    let txn = Ident::new("__outbox_txn", Span::mixed_site().located_at(err_span));
+    let result = Ident::new("__outbox_result", Span::mixed_site().located_at(err_span));
+    let (connection, rebind) = match &source {
+        Source::Param(param) => {
+            // The type as written stays named in the body, so its import is still used.
+            let written = connection::generalise(sig, param, &cx.seaorm);
+            let ident = &param.ident;
+            let written = written.map(|ty| quote! { let _ = ::core::marker::PhantomData::<#ty>; });
+            let rebind = quote! {
+                #[allow(unused_variables)]
+                let #ident = &#txn;
+                #written
+            };
+            (quote!(#ident), rebind)
+        }
+        Source::Expr(expr) => {
+            ReplaceConnection { conn: expr.to_token_stream().to_string(), txn: &txn }.visit_block_mut(&mut body);
+            let span = expr.span();
+            let at_conn = names.private_at(span);
+            (quote_spanned! {span=> #at_conn::AsConnection::as_connection(&(#expr)) }, TokenStream::new())
+        }
+    };
     let begin = quote_spanned! {err_span=>
-        match ::outbox_seaorm::__private::begin(#conn).await {
+        match #private::begin(#connection).await {
             ::std::result::Result::Ok(txn) => txn,
             ::std::result::Result::Err(error) => {
-                return ::std::result::Result::Err(::outbox_seaorm::__private::AbsorbsDbErr::absorb(error));
+                return ::std::result::Result::Err(#private::AbsorbsDbErr::absorb(error));
             }
         }
     };
+    let (txn_at, emitted_at, result_at) =
+        (located(&txn, err_span), located(emitted, err_span), located(&result, err_span));
     let finish = quote_spanned! {err_span=>
-        ::outbox_seaorm::__private::finish(__outbox_txn, __outbox_emitted, __outbox_result).await
+        #private::finish({ #txn_at }, { #emitted_at }, { #result_at }).await
     };
+    let stmts = &body.stmts;
     let tokens = quote! {
         {
-            let __outbox_txn = #begin;
-            let __outbox_emitted = ::outbox_seaorm::__private::Emitted::default();
-            let __outbox_result: #ret_ty = async {
-                #[allow(unused_variables)]
-                let #conn = &__outbox_txn;
+            let #txn = #begin;
+            let #emitted = #private::Emitted::default();
+            let #result: #ret_ty = async {
+                #rebind
                 #(#stmts)*
             }
             .await;
             #finish
         }
     };
-    syn::parse2(tokens)
+    *block = syn::parse2(tokens)?;
+    Ok(())
 }
 
-fn is_emit(mac: &syn::Macro) -> bool {
-    mac.path.segments.last().is_some_and(|s| s.ident == "emit")
+/// `ident` (same name, same hygiene) reported at `span`.
+fn located(ident: &Ident, span: Span) -> Ident {
+    let mut moved = ident.clone();
+    moved.set_span(ident.span().located_at(span));
+    moved
 }
 
-fn uses_emit(block: &Block) -> bool {
-    struct Finder(bool);
-    impl<'ast> syn::visit::Visit<'ast> for Finder {
-        fn visit_macro(&mut self, mac: &'ast syn::Macro) {
-            self.0 |= is_emit(mac);
-        }
+/// Replaces the `conn = …` expression in the body by the transaction, so the body's own
+/// `&self.db` (or `&*self.db`, `self.db.as_ref()` for an `Arc`) runs inside it.
+struct ReplaceConnection<'a> {
+    conn: String,
+    txn: &'a Ident,
+}
+
+impl ReplaceConnection<'_> {
+    fn is_conn(&self, expr: &Expr) -> bool {
+        expr.to_token_stream().to_string() == self.conn
     }
-    let mut finder = Finder(false);
-    syn::visit::Visit::visit_block(&mut finder, block);
-    finder.0
 }
 
-/// Replaces `emit!(event)` with a push onto the method's list of emitted events, which are written into
-/// the transaction with one multi-row insert just before it commits.
-struct EmitRewriter {
-    replaced: usize,
-}
-
-impl EmitRewriter {
-    fn replacement(&mut self, mac: &syn::Macro) -> syn::Expr {
-        self.replaced += 1;
-        let tokens = match mac.parse_body::<syn::Expr>() {
-            Ok(event) => quote_spanned! {event.span()=>
-                ::outbox_seaorm::__private::emit(
-                    &__outbox_emitted,
-                    ::outbox_seaorm::__private::event_ref(&(#event)),
-                )?
-            },
-            Err(_) => quote_spanned! {mac.span()=>
-                ::std::compile_error!("`emit!` takes one event value: `emit!(OrderPlaced { … })`")
-            },
+impl VisitMut for ReplaceConnection<'_> {
+    fn visit_expr_mut(&mut self, expr: &mut Expr) {
+        let txn = |span: Span| located(self.txn, span);
+        let replacement: Option<Expr> = match &*expr {
+            e if self.is_conn(e) => {
+                let txn = txn(e.span());
+                Some(syn::parse_quote_spanned!(e.span()=> #txn))
+            }
+            Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) && self.is_conn(&u.expr) => {
+                let txn = txn(u.span());
+                Some(syn::parse_quote_spanned!(u.span()=> #txn))
+            }
+            Expr::MethodCall(m) if m.args.is_empty() && m.method == "as_ref" && self.is_conn(&m.receiver) => {
+                let txn = txn(m.span());
+                Some(syn::parse_quote_spanned!(m.span()=> (&#txn)))
+            }
+            _ => None,
         };
-        syn::parse2(tokens).unwrap_or_else(|e| syn::Expr::Verbatim(e.into_compile_error()))
-    }
-}
-
-impl VisitMut for EmitRewriter {
-    fn visit_expr_mut(&mut self, expr: &mut syn::Expr) {
-        if let syn::Expr::Macro(m) = expr
-            && is_emit(&m.mac)
-        {
-            *expr = self.replacement(&m.mac);
-            return;
+        match replacement {
+            Some(replacement) => *expr = replacement,
+            None => syn::visit_mut::visit_expr_mut(self, expr),
         }
-        syn::visit_mut::visit_expr_mut(self, expr);
     }
 
-    fn visit_stmt_mut(&mut self, stmt: &mut syn::Stmt) {
-        if let syn::Stmt::Macro(m) = stmt
-            && is_emit(&m.mac)
-        {
-            let expr = self.replacement(&m.mac);
-            *stmt = syn::Stmt::Expr(expr, Some(m.semi_token.unwrap_or_default()));
-            return;
-        }
-        syn::visit_mut::visit_stmt_mut(self, stmt);
-    }
-
-    // Nested functions and closures are not part of the transaction's body.
     fn visit_item_mut(&mut self, _: &mut Item) {}
-    fn visit_expr_closure_mut(&mut self, _: &mut syn::ExprClosure) {}
 }

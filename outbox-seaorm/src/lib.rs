@@ -53,6 +53,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod connect;
+mod connection;
 mod enqueue;
 pub mod entity;
 mod error;
@@ -68,6 +69,7 @@ mod store;
 pub mod __private;
 
 pub use connect::{SUPPORTED_SCHEMES, connect};
+pub use connection::OutboxConnection;
 pub use enqueue::{enqueue, enqueue_all};
 pub use error::InboxError;
 pub use inbox::handle_once;

@@ -34,6 +34,54 @@ pub async fn begin<C: TransactionTrait>(db: &C) -> Result<C::Transaction, DbErr>
     db.begin().await
 }
 
+/// Where `#[transactional_outbox(conn = …)]` finds its connection: the expression itself, or through an
+/// `Arc`, a `Box` or a reference.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a SeaORM connection",
+    label = "`conn = …` must name a `DatabaseConnection` or a `DatabaseTransaction` (or an `Arc`, `Box` or reference to one)"
+)]
+pub trait AsConnection {
+    /// The connection reached.
+    type Connection: TransactionTrait<Transaction = DatabaseTransaction> + ?Sized;
+    /// Reaches it.
+    fn as_connection(&self) -> &Self::Connection;
+}
+
+impl AsConnection for sea_orm::DatabaseConnection {
+    type Connection = Self;
+    fn as_connection(&self) -> &Self {
+        self
+    }
+}
+
+impl AsConnection for DatabaseTransaction {
+    type Connection = Self;
+    fn as_connection(&self) -> &Self {
+        self
+    }
+}
+
+impl<T: AsConnection + ?Sized> AsConnection for &T {
+    type Connection = T::Connection;
+    fn as_connection(&self) -> &T::Connection {
+        (**self).as_connection()
+    }
+}
+
+impl<T: AsConnection + ?Sized> AsConnection for std::sync::Arc<T> {
+    type Connection = T::Connection;
+    fn as_connection(&self) -> &T::Connection {
+        (**self).as_connection()
+    }
+}
+
+impl<T: AsConnection + ?Sized> AsConnection for Box<T> {
+    type Connection = T::Connection;
+    fn as_connection(&self) -> &T::Connection {
+        (**self).as_connection()
+    }
+}
+
 /// The events a `#[transactional_outbox]` method emitted so far, in emit order.
 #[derive(Default)]
 pub struct Emitted(std::sync::Mutex<Vec<outbox_runtime::NewEvent>>);
@@ -48,6 +96,26 @@ impl Emitted {
 /// `emit!`. All of them are written together by [`finish`], in one round trip per 1000 events.
 pub fn emit<E: DomainEvent>(emitted: &Emitted, event: &E) -> Result<(), DbErr> {
     let new_event = event.to_new_event().map_err(into_db_err)?;
+    emitted.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(new_event);
+    Ok(())
+}
+
+/// [`emit`] with headers (`emit!(event, headers = [("tenant", id)])`); a header name or value that is
+/// not valid fails at the `emit!`.
+pub fn emit_with_headers<E, K, V>(
+    emitted: &Emitted,
+    event: &E,
+    headers: impl IntoIterator<Item = (K, V)>,
+) -> Result<(), DbErr>
+where
+    E: DomainEvent,
+    K: Into<String>,
+    V: Into<String>,
+{
+    let mut new_event = event.to_new_event().map_err(into_db_err)?;
+    for (name, value) in headers {
+        new_event = new_event.with_header(name, value).map_err(into_db_err)?;
+    }
     emitted.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(new_event);
     Ok(())
 }

@@ -71,7 +71,7 @@ where
             outcome
         }
     });
-    let app = router(AppState { db, orders: OrderService });
+    let app = router(AppState { orders: OrderService { db: db.clone() }, db });
     let served = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned()).await;
     shutdown.cancel();
     let outbox = outbox.await?;
@@ -102,7 +102,7 @@ async fn place_order(
     State(state): State<AppState>,
     Json(cmd): Json<PlaceOrder>,
 ) -> Result<(StatusCode, Json<order::Model>), ApiError> {
-    let order = state.orders.place(&state.db, cmd).await?;
+    let order = state.orders.place(cmd).await?;
     Ok((StatusCode::CREATED, Json(order)))
 }
 

@@ -22,17 +22,19 @@ pub struct PlaceOrder {
     pub total_minor: i64,
 }
 
-/// The orders service: stateless here; an app keeps its settings or clients in it.
-#[derive(Clone, Debug, Default)]
-pub struct OrderService;
+/// The orders service, holding its pool (it lives in the app's axum state).
+#[derive(Clone, Debug)]
+pub struct OrderService {
+    pub db: DatabaseConnection,
+}
 
-#[transactional_outbox]
+#[transactional_outbox(conn = self.db)]
 impl OrderService {
     /// Places an order: the row and its `OrderPlaced` event commit together, or not at all.
-    pub async fn place(&self, db: &DatabaseConnection, cmd: PlaceOrder) -> Result<order::Model, DbErr> {
+    pub async fn place(&self, cmd: PlaceOrder) -> Result<order::Model, DbErr> {
         let PlaceOrder { id, customer, total_minor } = cmd;
         let order = order::ActiveModel { id: Set(id), customer: Set(customer), total_minor: Set(total_minor) };
-        let order = order.insert(db).await?; // `db` is the method's transaction here
+        let order = order.insert(&self.db).await?; // `self.db` is the method's transaction here
         emit!(OrderPlaced { order_id: order.id.clone(), customer: order.customer.clone(), total_minor });
         Ok(order) // Ok commits the order and its event; Err, a panic or cancellation rolls both back
     }
