@@ -1,23 +1,14 @@
 //! Compile-time behaviour of the macros: what compiles, and the message for each misuse.
 //! Regenerate the `.stderr` snapshots with `TRYBUILD=overwrite cargo test -p outbox-macros --test ui`.
+//!
+//! One `TestCases` for all three macros, so trybuild builds its project (and outbox-seaorm, without any
+//! driver) once.
 
 #[test]
-fn domain_event() {
+fn ui() {
     let t = trybuild::TestCases::new();
-    t.pass("tests/ui/domain_event/pass/*.rs");
-    t.compile_fail("tests/ui/domain_event/fail/*.rs");
-}
-
-#[test]
-fn transactional_outbox() {
-    let t = trybuild::TestCases::new();
-    t.pass("tests/ui/transactional_outbox/pass/*.rs");
-    t.compile_fail("tests/ui/transactional_outbox/fail/*.rs");
-}
-
-#[test]
-fn idempotent_handler() {
-    let t = trybuild::TestCases::new();
-    t.pass("tests/ui/idempotent_handler/pass/*.rs");
-    t.compile_fail("tests/ui/idempotent_handler/fail/*.rs");
+    for macro_name in ["domain_event", "transactional_outbox", "idempotent_handler"] {
+        t.pass(format!("tests/ui/{macro_name}/pass/*.rs"));
+        t.compile_fail(format!("tests/ui/{macro_name}/fail/*.rs"));
+    }
 }
