@@ -47,6 +47,7 @@ fn payload_impl(
     let generics = with_schema_bounds(private, generics);
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     quote! {
+        #[automatically_derived]
         impl #impl_generics #private::PayloadSchema for #ident #ty_generics #where_clause {
             const FIELDS: &'static [#private::FieldSchema] = &[#fields];
         }
@@ -184,6 +185,7 @@ pub fn expand(event: &Event<'_>, lock: &Lock, fields_match: bool) -> TokenStream
 
         #payload
 
+        #[automatically_derived]
         impl #impl_generics #private::DomainEvent for #ident #ty_generics #where_clause {
             const NAME: &'static str = #name;
             const VERSION: i32 = #version;
