@@ -87,7 +87,21 @@ pub use outbox_macros::PayloadSchema;
 pub mod __private {
     pub use crate::event::{DomainEvent, EventSchema, FieldSchema, PayloadSchema, RegisteredEvent, assert_locked};
     pub use inventory;
+    pub use serde;
     pub use serde_json;
+
+    /// What `DomainEvent` needs of serde; its bound is the one error a missing derive gives.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be a domain event: it does not implement serde's `Serialize` and `Deserialize`",
+        label = "add `#[derive(Serialize, Deserialize)]` (serde) next to `DomainEvent`",
+        note = "the outbox stores the event as its JSON payload and consumers decode it from there"
+    )]
+    pub trait SerdeEvent {}
+
+    impl<T: serde::Serialize + serde::de::DeserializeOwned> SerdeEvent for T {}
+
+    /// Compile-time check, spanned at the event type.
+    pub const fn assert_serde<T: SerdeEvent + ?Sized>() {}
 }
 
 /// The same module under a name `outbox_seaorm`'s `pub use outbox_runtime::*` does not shadow (it has a

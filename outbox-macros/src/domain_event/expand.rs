@@ -167,21 +167,45 @@ pub fn expand(event: &Event<'_>, lock: &Lock, fields_match: bool) -> TokenStream
 
     // A generic event has no one type to register or to check at compile time: the explicit list covers it.
     let concrete = event.generics.params.is_empty();
+    let schema = quote! {
+        #private::EventSchema {
+            name: #name,
+            version: #version,
+            type_name: #type_name,
+            fields: <#ident #ty_generics as #private::PayloadSchema>::FIELDS,
+            upcast_from: &[#(#older),*],
+        }
+    };
+    // Registered from its parts, not through `DomainEvent`, so a type missing serde's derives gets the
+    // one `assert_serde` error below and no second one here.
     let register = concrete.then(|| {
         let lock_file = lock.path.display().to_string();
         quote! {
             #private::inventory::submit! {
                 #private::RegisteredEvent {
                     lock_file: #lock_file,
-                    schema: <#ident as #private::DomainEvent>::SCHEMA,
+                    schema: #schema,
                 }
             }
         }
     });
+    let serde_check = concrete.then(|| {
+        quote_spanned! {ident.span()=>
+            const _: () = #private::assert_serde::<#ident>();
+        }
+    });
+    // `DomainEvent` requires serde's traits. Stated with a higher-ranked bound, the impl itself is
+    // accepted when they are missing (it never applies), so `assert_serde` is the only error.
+    let mut where_clause = where_clause.cloned().unwrap_or_else(|| syn::parse_quote!(where));
+    where_clause.predicates.push(syn::parse_quote!(
+        for<'__outbox> #ident #ty_generics: #private::serde::Serialize + #private::serde::de::DeserializeOwned
+    ));
     let checks = if concrete { locked_checks(event, lock, &private, &name, version, fields_match) } else { Vec::new() };
 
     quote! {
         #track
+
+        #serde_check
 
         #payload
 
@@ -191,13 +215,7 @@ pub fn expand(event: &Event<'_>, lock: &Lock, fields_match: bool) -> TokenStream
             const VERSION: i32 = #version;
             const OLDEST_VERSION: i32 = #oldest;
             const AGGREGATE_TYPE: &'static str = #aggregate;
-            const SCHEMA: #private::EventSchema = #private::EventSchema {
-                name: #name,
-                version: #version,
-                type_name: #type_name,
-                fields: <Self as #private::PayloadSchema>::FIELDS,
-                upcast_from: &[#(#older),*],
-            };
+            const SCHEMA: #private::EventSchema = #schema;
 
             fn aggregate_id(&self) -> ::std::string::String {
                 #aggregate_id
