@@ -52,11 +52,13 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod admin;
 mod connect;
 mod enqueue;
 pub mod entity;
 mod error;
 mod inbox;
+mod lock;
 #[cfg(feature = "migrations")]
 pub mod migration;
 mod sql;
@@ -68,11 +70,11 @@ mod store;
 pub mod __private;
 
 pub use connect::{SUPPORTED_SCHEMES, connect};
-pub use enqueue::{enqueue, enqueue_all};
+pub use enqueue::{enqueue, enqueue_all, notify_committed};
 pub use error::InboxError;
 pub use inbox::handle_once;
 #[cfg(feature = "migrations")]
-pub use migration::{Migrator, migrate, migrations};
+pub use migration::{MIGRATE_LOCK_WAIT, Migrator, migrate, migrations};
 pub use store::{SeaOrmBatch, SeaOrmStore};
 
 pub use outbox_macros::{DomainEvent, idempotent_handler, transactional_outbox};
