@@ -69,7 +69,7 @@ mod store;
 #[path = "private.rs"]
 pub mod __private;
 
-pub use connect::{SUPPORTED_SCHEMES, connect};
+pub use connect::{SUPPORTED_SCHEMES, connect, connect_with};
 pub use enqueue::{enqueue, enqueue_all, notify_committed};
 pub use error::InboxError;
 pub use inbox::handle_once;

@@ -227,3 +227,12 @@ async fn check_passes_on_a_migrated_primary_and_names_missing_migrations(t: Test
     assert!(failure.detail.contains("4 not applied") && failure.detail.contains("outbox migrate"), "{t}: {failure:?}");
 }
 per_backend!(check_passes_on_a_migrated_primary_and_names_missing_migrations, "ops_check");
+
+#[tokio::test]
+async fn a_connection_string_that_does_not_parse_is_reported_without_its_password() {
+    for url in ["postgres://app:s3cr3t@127.0.0.1:notaport/shop", "mysql://app:s3cr3t@127.0.0.1:notaport/shop"] {
+        let err = outbox_seaorm::connect(url).await.expect_err("a port that is not a number");
+        let message = err.to_string();
+        assert!(!message.contains("s3cr3t"), "{message}");
+    }
+}
