@@ -49,7 +49,6 @@ pub const MIGRATION_NAMES: [&str; 4] = [
 mod tests {
     #[test]
     fn the_migration_names_the_checks_look_for_are_the_shipped_migrations() {
-        use sea_orm_migration::MigrationName;
         let shipped: Vec<String> = crate::migrations().iter().map(|m| m.name().to_owned()).collect();
         assert_eq!(shipped, super::MIGRATION_NAMES);
     }
