@@ -134,6 +134,34 @@ impl RelayConfig {
         self
     }
 
+    /// The longest time after an event's first publish attempt at which this relay may send it again by
+    /// itself: every retry delay at its cap (no jitter), plus a `publish_timeout` per attempt, plus one
+    /// lease in lease mode (a relay that stalls past its lease is replaced by one that sends again).
+    ///
+    /// A consumer's inbox must remember an event at least this long, or a late retry of an event whose ack
+    /// was lost is processed twice. Broker-side redelivery and operator replays (`replay_dead`) come on
+    /// top: keep inbox rows for days, not minutes.
+    pub fn redelivery_horizon(&self) -> Duration {
+        let retries = self.max_attempts.saturating_sub(1).max(0) as u32;
+        let mut total = Duration::ZERO;
+        let mut delay = self.backoff.initial;
+        for done in 0..retries {
+            if delay >= self.backoff.max {
+                // Every delay from here on is the cap.
+                total = total.saturating_add(self.backoff.max.saturating_mul(retries - done));
+                break;
+            }
+            total = total.saturating_add(delay);
+            delay = delay.saturating_mul(self.backoff.multiplier.max(1));
+        }
+        let attempts = self.max_attempts.max(1) as u32;
+        total = total.saturating_add(self.publish_timeout.saturating_mul(attempts));
+        if let ClaimMode::Lease { duration } = self.claim_mode {
+            total = total.saturating_add(duration);
+        }
+        total
+    }
+
     /// Checks every setting, naming the first that is out of range.
     pub fn validate(&self) -> Result<()> {
         if self.batch_size == 0 || self.batch_size > 10_000 {
@@ -193,6 +221,18 @@ mod tests {
             assert!(backoff.delay(60) <= Duration::from_secs(300));
             assert!(backoff.delay(60) >= Duration::from_secs(150));
         }
+    }
+
+    #[test]
+    fn the_redelivery_horizon_adds_every_capped_retry_delay_and_publish_timeout() {
+        // 1+2+4+…+256 s for the nine retries of the defaults, plus ten publish timeouts of 10 s.
+        assert_eq!(RelayConfig::default().redelivery_horizon(), Duration::from_secs(511 + 100));
+        let capped = RelayConfig::default().with_max_attempts(12); // …, 256, 300, 300
+        assert_eq!(capped.redelivery_horizon(), Duration::from_secs(511 + 600 + 120));
+        let huge = RelayConfig::default().with_max_attempts(i32::MAX);
+        assert!(huge.redelivery_horizon() > Duration::from_secs(300 * 1_000_000), "and it returns at once");
+        let lease = RelayConfig::default().with_claim_mode(ClaimMode::Lease { duration: Duration::from_secs(60) });
+        assert_eq!(lease.redelivery_horizon(), Duration::from_secs(511 + 100 + 60));
     }
 
     #[test]

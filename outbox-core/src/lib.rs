@@ -10,6 +10,8 @@
 //!
 //! - [`NewEvent`] / [`OutboxEvent`]: the envelope, validated on construction.
 //! - [`Relay`]: claim, publish, mark; retry with [`Backoff`]; dead letters; per-aggregate order.
+//! - [`OutboxService`]: relay tasks, cleanup and a stats sampler behind one handle, with [`Health`] and a
+//!   shutdown that leaves nothing claimed; [`wake_relays`] starts an idle relay at once after a commit.
 //! - [`OutboxStore`]: what a database must provide (`outbox-seaorm` implements it for SeaORM).
 //! - [`Publisher`]: what a broker adapter must provide; [`InMemoryPublisher`] for tests.
 //!
@@ -32,6 +34,8 @@ mod inbox;
 mod memory;
 mod publisher;
 mod relay;
+pub mod service;
+mod wake;
 pub use outbox_schema_lock as schema_lock;
 
 // Lets `#[derive(DomainEvent)]` name this crate `::outbox_runtime` from its own tests and doctests too.
@@ -129,7 +133,9 @@ pub use inbox::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 pub use memory::InMemoryPublisher;
 pub use publisher::{PublishError, Publisher};
 pub use relay::{Relay, RelayPass};
-pub use store::{BatchOutcome, ClaimRequest, ClaimedBatch, Failure, MarkReport, OutboxStats, OutboxStore};
+pub use service::{CLEANUP_LOCK, CleanupConfig, Health, OutboxService, OutboxServiceBuilder, ServiceConfig};
+pub use store::{BatchOutcome, ClaimRequest, ClaimedBatch, Failure, MarkReport, OutboxStats, OutboxStore, StoreLock};
+pub use wake::wake_relays;
 
 pub use text::{one_line, redact_url, truncate};
 pub use tokio_util::sync::CancellationToken;

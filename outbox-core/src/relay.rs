@@ -4,11 +4,12 @@
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RelayConfig;
+use crate::config::{Backoff, RelayConfig};
 use crate::envelope::OutboxEvent;
 use crate::error::Result;
 use crate::publisher::{PublishError, Publisher};
 use crate::store::{BatchOutcome, ClaimRequest, ClaimedBatch, Failure, OutboxStore};
+use crate::wake::WakeListener;
 
 /// What one relay pass did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -72,8 +73,13 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     }
 
     /// One pass as if the clock read `now` (tests use it to step over backoff delays).
-    #[tracing::instrument(name = "outbox.relay.pass", skip(self), level = "debug", err)]
     pub async fn run_once_at(&self, now: DateTime<Utc>) -> Result<RelayPass> {
+        self.pass(now, None).await
+    }
+
+    /// One pass; once `stop` is cancelled no further wave is published and the rest is released.
+    #[tracing::instrument(name = "outbox.relay.pass", skip(self, stop), level = "debug", err)]
+    pub(crate) async fn pass(&self, now: DateTime<Utc>, stop: Option<&CancellationToken>) -> Result<RelayPass> {
         let batch = self
             .store
             .claim(ClaimRequest {
@@ -87,7 +93,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         if claimed == 0 {
             return Ok(RelayPass::default());
         }
-        let outcome = self.publish_runs(now, batch.events()).await;
+        let outcome = self.publish_runs(now, batch.events(), stop).await;
         let dead = outcome.failed.iter().filter(|f| f.dead).count() as u64;
         let released = outcome.released.len() as u64;
         let report = batch.complete(outcome).await?;
@@ -120,32 +126,28 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         Ok(passes)
     }
 
-    /// Runs passes until `shutdown` is cancelled: straight on while there is work, otherwise every
-    /// `poll_interval`. Store errors are logged and retried after the poll interval; an in-flight pass is
-    /// finished before returning.
+    /// Runs passes until `shutdown` is cancelled: straight on while there is work, otherwise at the next
+    /// `poll_interval` or in-process [`wake_relays`](crate::wake_relays), whichever comes first. A failed
+    /// pass (the store is down) is retried after an exponential backoff (500 ms doubling up to 30 s), not
+    /// every poll. On cancellation the in-flight pass publishes no further wave, records what it has and
+    /// releases the rest before returning. [`OutboxService`](crate::OutboxService) runs this loop with
+    /// health reporting.
     pub async fn run(&self, shutdown: CancellationToken) {
-        while !shutdown.is_cancelled() {
-            let idle = match self.run_once().await {
-                Ok(pass) => pass.claimed == 0,
-                Err(error) => {
-                    tracing::error!(%error, "outbox relay pass failed");
-                    true
-                }
-            };
-            if idle {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(self.config.poll_interval) => {}
-                }
-            }
-        }
+        run_loop(self, &shutdown, &crate::service::DEFAULT_ERROR_BACKOFF, &mut |_| {}).await;
     }
 
     /// Publishes the claimed runs in *waves*: wave `k` holds the `k`-th event of every run still going, so a
     /// publish call never carries two events of one aggregate (the [`Publisher`] contract) and an event is
     /// sent only after the broker confirmed the previous event of its aggregate. The first failure in a run
     /// stops it; its later events are released. All waves together get `publish_timeout`.
-    async fn publish_runs(&self, now: DateTime<Utc>, events: &[OutboxEvent]) -> BatchOutcome {
+    /// Once `stop` is cancelled no further wave starts: the runs still going are released (not failed, so
+    /// no attempt is counted) and the pass records what it has.
+    async fn publish_runs(
+        &self,
+        now: DateTime<Utc>,
+        events: &[OutboxEvent],
+        stop: Option<&CancellationToken>,
+    ) -> BatchOutcome {
         let mut outcome = BatchOutcome { now, ..BatchOutcome::default() };
         let deadline = tokio::time::Instant::now() + self.config.publish_timeout;
         let mut runs: Vec<std::collections::VecDeque<&OutboxEvent>> = group_runs(events);
@@ -168,6 +170,11 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 }
             }
             runs = still_going;
+            if stop.is_some_and(CancellationToken::is_cancelled) && !runs.is_empty() {
+                tracing::debug!("relay stopping; the rest of the claimed runs is released");
+                outcome.released.extend(runs.iter().flatten().map(|e| e.seq));
+                break;
+            }
             if tokio::time::Instant::now() >= deadline && !runs.is_empty() {
                 tracing::warn!(
                     timeout = ?self.config.publish_timeout,
@@ -217,6 +224,56 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         let next_attempt_at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
         tracing::debug!(event_id = %event.id, attempts, dead, %error, "publish failed");
         Failure { seq: event.seq, error: error.message().to_owned(), next_attempt_at, dead }
+    }
+}
+
+/// What the run loop reports after each pass.
+pub(crate) enum PassReport<'a> {
+    Done(RelayPass),
+    Failed(&'a crate::Error),
+}
+
+/// The relay's loop (see [`Relay::run`]); `report` sees every pass.
+pub(crate) async fn run_loop<S: OutboxStore, P: Publisher>(
+    relay: &Relay<S, P>,
+    shutdown: &CancellationToken,
+    error_backoff: &Backoff,
+    report: &mut (dyn FnMut(PassReport<'_>) + Send),
+) {
+    let mut wake = WakeListener::new();
+    let mut failures: u32 = 0;
+    while !shutdown.is_cancelled() {
+        wake.mark_seen();
+        let pause = match relay.pass(Utc::now(), Some(shutdown)).await {
+            Ok(pass) => {
+                failures = 0;
+                report(PassReport::Done(pass));
+                if pass.claimed > 0 {
+                    continue;
+                }
+                None
+            }
+            Err(error) => {
+                failures = failures.saturating_add(1);
+                let delay = error_backoff.delay(failures as i32);
+                tracing::error!(%error, consecutive_failures = failures, retry_in = ?delay, "outbox relay pass failed");
+                report(PassReport::Failed(&error));
+                Some(delay)
+            }
+        };
+        match pause {
+            // Idle: the next poll, or a commit in this process, whichever comes first.
+            None => tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(relay.config.poll_interval) => {}
+                () = wake.woken() => tracing::trace!("relay woken by a commit"),
+            },
+            // Failing: back off, whatever commits meanwhile (they are still there after the backoff).
+            Some(delay) => tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(delay) => {}
+            },
+        }
     }
 }
 

@@ -1,6 +1,9 @@
 //! The contract between the relay and a database: claim due rows, then record each outcome.
 
+use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -107,4 +110,106 @@ pub trait OutboxStore: Send + Sync {
 
     /// Makes dead rows due again with a fresh attempt count; returns how many.
     fn replay_dead(&self, now: DateTime<Utc>) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Deletes inbox rows (consumers' de-duplication records) processed before `now - retention`, at most
+    /// `batch` rows per statement; returns how many. The default deletes nothing: a store without an inbox.
+    fn cleanup_inbox(
+        &self,
+        now: DateTime<Utc>,
+        retention: Duration,
+        batch: u32,
+    ) -> impl Future<Output = Result<u64>> + Send {
+        let _ = (now, retention, batch);
+        async { Ok(0) }
+    }
+
+    /// Tries to take the database-wide lock `name` without waiting: `Some` when this process now holds it,
+    /// `None` when another process does. Maintenance that every replica runs (cleanup) takes it first, so
+    /// N replicas do not all delete at once.
+    ///
+    /// The default is [`StoreLock::local`], a lock that excludes nobody: right for a store that only one
+    /// process uses, and harmless elsewhere (cleanup is idempotent, only wasteful when duplicated).
+    fn try_lock(&self, name: &'static str) -> impl Future<Output = Result<Option<StoreLock>>> + Send {
+        let _ = name;
+        async { Ok(Some(StoreLock::local())) }
+    }
+}
+
+type Release = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<()>> + Send>> + Send>;
+
+/// A database-wide lock held by this process (see [`OutboxStore::try_lock`]).
+///
+/// [`StoreLock::release`] lets it go and reports errors. Dropping it also lets it go: the store's release
+/// closure owns whatever holds the lock (a connection that closes when dropped), so a panic or a cancelled
+/// task cannot leave the lock held.
+#[must_use = "the lock is released when dropped"]
+pub struct StoreLock {
+    release: Option<Release>,
+}
+
+impl fmt::Debug for StoreLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreLock").field("held", &self.release.is_some()).finish()
+    }
+}
+
+impl StoreLock {
+    /// A lock whose release runs `release`. For implementors: `release` must own what holds the lock, so
+    /// that dropping it unreleased also frees the lock.
+    pub fn new<F, Fut>(release: F) -> Self
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        StoreLock { release: Some(Box::new(move || Box::pin(release()))) }
+    }
+
+    /// A lock that guards nothing beyond this process: what a store without database locks hands out
+    /// (SQLite, whose writers take turns anyway).
+    pub fn local() -> Self {
+        StoreLock { release: None }
+    }
+
+    /// Lets the lock go.
+    pub async fn release(mut self) -> Result<()> {
+        match self.release.take() {
+            Some(release) => release().await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// A shared store is a store: the relay tasks, the cleanup and the stats sampler of one
+/// [`OutboxService`](crate::OutboxService) hold one store through an `Arc`.
+impl<S: OutboxStore> OutboxStore for Arc<S> {
+    type Batch = S::Batch;
+
+    fn claim(&self, request: ClaimRequest) -> impl Future<Output = Result<Self::Batch>> + Send {
+        (**self).claim(request)
+    }
+
+    fn stats(&self, now: DateTime<Utc>) -> impl Future<Output = Result<OutboxStats>> + Send {
+        (**self).stats(now)
+    }
+
+    fn cleanup(&self, now: DateTime<Utc>, retention: Duration, batch: u32) -> impl Future<Output = Result<u64>> + Send {
+        (**self).cleanup(now, retention, batch)
+    }
+
+    fn replay_dead(&self, now: DateTime<Utc>) -> impl Future<Output = Result<u64>> + Send {
+        (**self).replay_dead(now)
+    }
+
+    fn cleanup_inbox(
+        &self,
+        now: DateTime<Utc>,
+        retention: Duration,
+        batch: u32,
+    ) -> impl Future<Output = Result<u64>> + Send {
+        (**self).cleanup_inbox(now, retention, batch)
+    }
+
+    fn try_lock(&self, name: &'static str) -> impl Future<Output = Result<Option<StoreLock>>> + Send {
+        (**self).try_lock(name)
+    }
 }

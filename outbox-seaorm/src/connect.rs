@@ -3,7 +3,7 @@
 #[cfg(feature = "sqlx-sqlite")]
 use std::time::Duration;
 
-use sea_orm::{ConnectOptions, Database, DatabaseConnection};
+use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
 
 use crate::error::{Error, Result};
 
@@ -14,6 +14,22 @@ pub const SUPPORTED_SCHEMES: [&str; 5] = ["postgres", "postgresql", "mysql", "ma
 /// a typed error before any connection is attempted. SQLite connections wait up to 10 s for the write lock
 /// instead of failing with `database is locked`.
 pub async fn connect(url: &str) -> Result<DatabaseConnection> {
+    connect_with(url, |_| {}).await
+}
+
+/// Like [`connect`], with SeaORM's pool options adjusted by `configure` before connecting (timeouts, pool
+/// size, PostgreSQL schema):
+///
+/// ```no_run
+/// # async fn demo() -> outbox_seaorm::Result<()> {
+/// use std::time::Duration;
+/// let db = outbox_seaorm::connect_with("postgres://outbox@db/app", |options| {
+///     options.acquire_timeout(Duration::from_secs(5)).set_schema_search_path("billing");
+/// })
+/// .await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect_with(url: &str, configure: impl FnOnce(&mut ConnectOptions)) -> Result<DatabaseConnection> {
     let scheme = url.split_once(':').map(|(scheme, _)| scheme.to_ascii_lowercase()).unwrap_or_default();
     if !SUPPORTED_SCHEMES.contains(&scheme.as_str()) {
         return Err(Error::invalid_config(
@@ -27,13 +43,15 @@ pub async fn connect(url: &str) -> Result<DatabaseConnection> {
             format!("has scheme {scheme:?}, but outbox-seaorm was built without its `{feature}` feature; enable it"),
         ));
     }
+    let raw = url;
     let url = if scheme == "mariadb" { format!("mysql{}", &url["mariadb".len()..]) } else { url.to_owned() };
-    let mut options = ConnectOptions::new(url);
+    let mut options = ConnectOptions::new(url.clone());
     options.sqlx_logging(false);
     #[cfg(feature = "sqlx-sqlite")]
     if scheme == "sqlite" {
         options.map_sqlx_sqlite_opts(|opts| opts.busy_timeout(Duration::from_secs(10)));
     }
+    configure(&mut options);
     Database::connect(options).await.map_err(|e| Error::Store {
         operation: "connect",
         table: "-",
@@ -42,8 +60,22 @@ pub async fn connect(url: &str) -> Result<DatabaseConnection> {
             "sqlite" => "SQLite",
             _ => "MySQL",
         },
-        source: Box::new(e),
+        source: Box::new(without_credentials(e, &[raw, &url])),
     })
+}
+
+/// `error` with any of `urls` in its text replaced by the URL without its credentials: SeaORM repeats a
+/// connection string it cannot parse, password and all.
+fn without_credentials(error: DbErr, urls: &[&str]) -> DbErr {
+    let redact = |text: String| urls.iter().fold(text, |text, url| text.replace(url, &outbox_runtime::redact_url(url)));
+    let leaks = |text: &str| urls.iter().any(|url| text.contains(url));
+    match error {
+        DbErr::Conn(inner) if leaks(&inner.to_string()) => {
+            DbErr::Conn(sea_orm::RuntimeErr::Internal(redact(inner.to_string())))
+        }
+        error if leaks(&error.to_string()) => DbErr::Custom(redact(error.to_string())),
+        error => error,
+    }
 }
 
 /// The cargo feature `scheme` needs, when this build lacks it.

@@ -22,6 +22,13 @@ use crate::sql::{KeyedSelect, Sql};
 /// Pass the transaction that holds your business change: the event then commits or rolls back with it.
 /// Passing a plain connection writes the event on its own, which is only right when there is no business
 /// change to go with it.
+///
+/// ## Waking the relay
+/// Afterwards the relays of this process are woken ([`wake_relays`](crate::wake_relays)). Through a
+/// plain connection the row is committed by then, and an idle relay publishes it at once. Inside your
+/// transaction the row is not committed yet, so that signal comes early (the relay finds nothing and goes
+/// back to its poll): call [`notify_committed`] after your `commit()` for the same immediacy.
+/// `#[transactional_outbox]` does that for you. Either way the relay's poll still finds every row.
 pub async fn enqueue<C: ConnectionTrait + TransactionTrait>(conn: &C, event: &NewEvent) -> Result<EventId> {
     enqueue_all(conn, std::slice::from_ref(event)).await?;
     Ok(event.id())
@@ -31,7 +38,7 @@ pub async fn enqueue<C: ConnectionTrait + TransactionTrait>(conn: &C, event: &Ne
 /// statement may bind (SQLite 32766, PostgreSQL and MySQL 65535), so a large `events` slice is split.
 const EVENTS_PER_CHUNK: usize = 1000;
 
-/// Inserts `events`, in order: per 1000 events, one statement on PostgreSQL, three on MySQL and SQLite (in a
+/// Inserts `events`, in order (and wakes the relays as [`enqueue`] does): per 1000 events, one statement on PostgreSQL, three on MySQL and SQLite (in a
 /// savepoint of the caller's transaction, or a transaction of their own).
 ///
 /// Chunks are written one after the other, so the extra memory is one chunk's statement whatever the
@@ -55,7 +62,29 @@ pub async fn enqueue_all<C: ConnectionTrait + TransactionTrait>(conn: &C, events
         };
         written.map_err(|e| store_error("enqueue events", "outbox_events", backend, e))?;
     }
+    if !events.is_empty() {
+        // Best effort inside a caller's transaction (see `enqueue`): exact through a plain connection.
+        outbox_runtime::wake_relays();
+    }
     Ok(events.iter().map(NewEvent::id).collect())
+}
+
+/// Tells the relays of this process that outbox rows have just committed, so an idle relay publishes them
+/// now rather than at its next poll. Call it after committing a transaction you passed to [`enqueue`] or
+/// [`enqueue_all`]; calling it needlessly costs one empty relay pass.
+///
+/// ```no_run
+/// # async fn demo(db: &sea_orm::DatabaseConnection, event: &outbox_seaorm::NewEvent) -> Result<(), Box<dyn std::error::Error>> {
+/// use sea_orm::TransactionTrait;
+/// let txn = db.begin().await?;
+/// // … the business change …
+/// outbox_seaorm::enqueue(&txn, event).await?;
+/// txn.commit().await?;
+/// outbox_seaorm::notify_committed();
+/// # Ok(()) }
+/// ```
+pub fn notify_committed() {
+    outbox_runtime::wake_relays();
 }
 
 /// One chunk, ready to bind: each event with its 1-based position among this chunk's events of its

@@ -52,12 +52,14 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod admin;
 mod connect;
 mod connection;
 mod enqueue;
 pub mod entity;
 mod error;
 mod inbox;
+mod lock;
 #[cfg(feature = "migrations")]
 pub mod migration;
 mod sql;
@@ -68,13 +70,13 @@ mod store;
 #[path = "private.rs"]
 pub mod __private;
 
-pub use connect::{SUPPORTED_SCHEMES, connect};
+pub use connect::{SUPPORTED_SCHEMES, connect, connect_with};
 pub use connection::OutboxConnection;
-pub use enqueue::{enqueue, enqueue_all};
+pub use enqueue::{enqueue, enqueue_all, notify_committed};
 pub use error::InboxError;
 pub use inbox::handle_once;
 #[cfg(feature = "migrations")]
-pub use migration::{Migrator, migrate, migrations};
+pub use migration::{MIGRATE_LOCK_WAIT, Migrator, migrate, migrations};
 pub use store::{SeaOrmBatch, SeaOrmStore};
 
 pub use outbox_macros::{DomainEvent, idempotent_handler, transactional_outbox};

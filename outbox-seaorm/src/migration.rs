@@ -15,6 +15,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m20261129_000001_create_outbox::Migration),
         Box::new(m20261129_000002_create_inbox::Migration),
         Box::new(m20261201_000003_aggregate_versions::Migration),
+        Box::new(m20261215_000004_inbox_retention_index::Migration),
     ]
 }
 
@@ -31,9 +32,38 @@ impl MigratorTrait for Migrator {
     }
 }
 
-/// Applies every pending outbox and inbox migration.
+/// How long [`migrate`] waits for another process's migration to finish.
+pub const MIGRATE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Applies every pending outbox and inbox migration; safe when several replicas start at once.
+///
+/// On PostgreSQL and MySQL/MariaDB the migration runs under a database lock (`pg_try_advisory_lock`,
+/// `GET_LOCK`): one process migrates, the others wait for it (up to [`MIGRATE_LOCK_WAIT`]) and then find
+/// nothing left to do. On SQLite the whole migration is one `BEGIN IMMEDIATE` transaction (SQLite's DDL is
+/// transactional), so the second process waits for the file's write lock and finds the work done.
 pub async fn migrate(db: &sea_orm::DatabaseConnection) -> Result<()> {
-    Migrator::up(db, None).await.map_err(|e| store_error("migrate", "outbox_events", db.get_database_backend(), e))
+    let backend = db.get_database_backend();
+    let error = |operation| move |e| store_error(operation, "outbox_events", backend, e);
+    if backend == DbBackend::Sqlite {
+        let txn = crate::store::begin_writing(db).await.map_err(error("begin a migration"))?;
+        Migrator::up(&txn, None).await.map_err(error("migrate"))?;
+        return txn.commit().await.map_err(error("commit a migration"));
+    }
+    let lock = crate::lock::lock(db, "outbox_migrate", MIGRATE_LOCK_WAIT)
+        .await
+        .map_err(error("take the migration lock"))?
+        .ok_or_else(|| {
+            crate::Error::invalid_config(
+                "migrate",
+                format!(
+                    "another process has held the outbox migration lock for {MIGRATE_LOCK_WAIT:?}; is a migration stuck?"
+                ),
+            )
+        })?;
+    let migrated = Migrator::up(db, None).await.map_err(error("migrate"));
+    let released = lock.release().await;
+    migrated?;
+    released
 }
 
 /// Runs `statements`, one at a time, on `manager`'s connection.
@@ -282,6 +312,37 @@ pub mod m20261201_000003_aggregate_versions {
                     Table::alter().table(OutboxEvents::Table).drop_column(OutboxEvents::AggregateVersion).to_owned(),
                 )
                 .await
+        }
+    }
+}
+
+/// Indexes `inbox_messages` by processing time, for the retention cleanup (which deletes the oldest rows
+/// in batches).
+#[allow(non_camel_case_types)]
+pub mod m20261215_000004_inbox_retention_index {
+    use super::*;
+
+    /// The migration.
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m20261215_000004_inbox_retention_index"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            execute_all(manager, &["CREATE INDEX inbox_messages_processed ON inbox_messages (processed_at_ms)"]).await
+        }
+
+        async fn down(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            let drop: &str = match manager.get_database_backend() {
+                DbBackend::MySql => "DROP INDEX inbox_messages_processed ON inbox_messages",
+                _ => "DROP INDEX inbox_messages_processed",
+            };
+            execute_all(manager, &[drop]).await
         }
     }
 }

@@ -152,6 +152,11 @@ where
                 crate::enqueue_all(&txn, &events).await.map_err(|e| E::absorb(into_db_err(e)))?;
             }
             txn.commit().await.map_err(E::absorb)?;
+            if !events.is_empty() {
+                // Committed now (for a savepoint, the outer commit signals again): an idle relay of this
+                // process publishes at once instead of at its next poll.
+                crate::notify_committed();
+            }
             Ok(value)
         }
         Err(error) => {

@@ -13,7 +13,7 @@ mod hints;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::{Alias, CaseStatement, Cond, Expr, ExprTrait, Order, Query, UpdateStatement};
+use sea_orm::sea_query::{Alias, CaseStatement, Expr, ExprTrait, Query, UpdateStatement};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, SqliteTransactionMode,
     TransactionOptions, TransactionTrait,
@@ -22,8 +22,10 @@ use uuid::Uuid;
 
 use outbox_runtime::{
     BatchOutcome, ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, MarkReport, OutboxEvent, OutboxStats,
-    OutboxStore,
+    OutboxStore, StoreLock,
 };
+
+use crate::admin::{self, CleanupTable};
 
 use claim::Claimed;
 use hints::Hint;
@@ -170,35 +172,10 @@ impl OutboxStore for SeaOrmStore {
         if batch == 0 {
             return Err(Error::invalid_config("cleanup batch", "is 0; expected at least 1"));
         }
-        let cutoff_ms = now.timestamp_millis().saturating_sub(retention.as_millis() as i64);
-        let old = || {
-            Cond::all()
-                .add(Expr::col(Column::PublishedAtMs).is_not_null())
-                .add(Expr::col(Column::PublishedAtMs).lt(cutoff_ms))
-        };
-        let mut deleted = 0u64;
-        loop {
-            let mut delete = Query::delete();
-            delete.from_table(Entity);
-            if self.backend() == DbBackend::MySql {
-                // MySQL rejects LIMIT inside IN (subquery) but has DELETE … ORDER BY … LIMIT.
-                delete.cond_where(old()).order_by(Column::Seq, Order::Asc).limit(u64::from(batch));
-            } else {
-                let mut oldest = Query::select();
-                oldest
-                    .column(Column::Seq)
-                    .from(Entity)
-                    .cond_where(old())
-                    .order_by(Column::Seq, Order::Asc)
-                    .limit(u64::from(batch));
-                delete.and_where(Expr::col(Column::Seq).in_subquery(oldest));
-            }
-            let n = self.db.execute(&delete).await.map_err(self.err("delete published rows"))?.rows_affected();
-            deleted += n;
-            if n < u64::from(batch) {
-                break;
-            }
-        }
+        let cutoff = admin::cutoff_ms(now.timestamp_millis(), retention);
+        let deleted = admin::delete_in_batches(&self.db, CleanupTable::Outbox, cutoff, batch, &mut |_| {})
+            .await
+            .map_err(self.err("delete published rows"))?;
         let rearmed = rearm(&self.db, now).await.map_err(self.err("re-arm aggregate hints"))?;
         if rearmed > 0 {
             tracing::info!(rearmed, "cleanup found aggregates with due events but no hint, and re-armed them");
@@ -208,29 +185,22 @@ impl OutboxStore for SeaOrmStore {
     }
 
     async fn replay_dead(&self, now: DateTime<Utc>) -> Result<u64> {
-        let txn = begin_writing(&self.db).await.map_err(self.err("begin a replay"))?;
-        let mut replay = Query::update();
-        replay
-            .table(Entity)
-            .value(Column::DeadAtMs, Option::<i64>::None)
-            .value(Column::Attempts, 0)
-            .value(Column::NextAttemptAtMs, now.timestamp_millis())
-            .and_where(Expr::col(Column::DeadAtMs).is_not_null())
-            .and_where(Expr::col(Column::PublishedAtMs).is_null());
-        let replayed = txn.execute(&replay).await.map_err(self.err("replay dead rows"))?.rows_affected();
-        // After the rows, and waiting for any relay that holds an aggregate's row, whatever its hint says:
-        // a relay's clear is a compare-and-set on the hint, so changing it here is what stops a clear that
-        // was decided before this replay could be seen.
-        let wake = format!(
-            "UPDATE outbox_aggregates SET due_at_ms = {now_ms} WHERE EXISTS (SELECT 1 FROM outbox_events e \
-             WHERE e.aggregate_type = outbox_aggregates.aggregate_type \
-             AND e.aggregate_id = outbox_aggregates.aggregate_id \
-             AND e.published_at_ms IS NULL AND e.dead_at_ms IS NULL AND e.next_attempt_at_ms = {now_ms})",
-            now_ms = now.timestamp_millis()
-        );
-        txn.execute_unprepared(&wake).await.map_err(self.err("wake replayed aggregates"))?;
-        txn.commit().await.map_err(self.err("commit a replay"))?;
-        Ok(replayed)
+        admin::replay_matching(&self.db, &admin::DeadFilter::default(), now).await
+    }
+
+    async fn cleanup_inbox(&self, now: DateTime<Utc>, retention: Duration, batch: u32) -> Result<u64> {
+        if batch == 0 {
+            return Err(Error::invalid_config("cleanup batch", "is 0; expected at least 1"));
+        }
+        let cutoff = admin::cutoff_ms(now.timestamp_millis(), retention);
+        let backend = self.backend();
+        admin::delete_in_batches(&self.db, CleanupTable::Inbox, cutoff, batch, &mut |_| {})
+            .await
+            .map_err(|e| store_error("delete old inbox rows", "inbox_messages", backend, e))
+    }
+
+    async fn try_lock(&self, name: &'static str) -> Result<Option<StoreLock>> {
+        crate::lock::try_lock(&self.db, name).await.map_err(self.err("take a database lock"))
     }
 }
 
@@ -249,7 +219,7 @@ async fn rearm<C: ConnectionTrait>(conn: &C, now: DateTime<Utc>) -> std::result:
 
 /// A transaction that will write. SQLite has no row locks: take the write lock up front, so two relays
 /// cannot claim the same rows and a read-then-write transaction is never refused as a deadlock.
-async fn begin_writing(db: &DatabaseConnection) -> std::result::Result<DatabaseTransaction, DbErr> {
+pub(crate) async fn begin_writing(db: &DatabaseConnection) -> std::result::Result<DatabaseTransaction, DbErr> {
     let options = TransactionOptions {
         sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
         ..TransactionOptions::default()

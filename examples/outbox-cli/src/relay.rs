@@ -1,0 +1,143 @@
+//! `outbox relay`: the [`OutboxService`] until SIGTERM or SIGINT. A broker that is down at start is
+//! retried (with the backlog in the log) until it answers; a bad URL or setting is fatal at once.
+
+use std::time::Duration;
+
+use outbox_seaorm::admin;
+use outbox_seaorm::{
+    CancellationToken, CleanupConfig, DeadLetterPolicy, Health, OutboxService, SeaOrmStore, ServiceConfig, redact_url,
+};
+use sea_orm::DatabaseConnection;
+
+use crate::{CliError, RelayArgs, broker};
+
+/// Runs the relay until a signal.
+pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError> {
+    let mut relay = args.shape.config().with_batch_size(args.batch_size).with_poll_interval(args.poll_interval);
+    if args.skip_dead {
+        relay = relay.with_dead_letters(DeadLetterPolicy::SkipDead);
+    }
+    let cleanup = (!args.no_cleanup).then(|| {
+        let config = CleanupConfig::default()
+            .with_interval(args.cleanup_interval)
+            .with_outbox_retention(args.outbox_retention)
+            .with_batch_size(args.cleanup_batch_size);
+        match args.inbox_retention {
+            Some(retention) => config.with_inbox_retention(retention),
+            None => config,
+        }
+    });
+    let config = ServiceConfig {
+        relay,
+        relays: args.relays,
+        stats_interval: args.stats_interval,
+        cleanup,
+        ..ServiceConfig::default()
+    };
+    config.validate()?;
+    let kind = broker::kind(&args.broker)?;
+    if args.status_interval.is_zero() {
+        return Err(CliError::Refused("--status-interval is zero; expected e.g. 60s".to_owned()));
+    }
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let shown = redact_url(&args.broker.broker);
+    let Some(publisher) = connect_broker(&db, &args, &shown, &shutdown).await else {
+        tracing::info!("stopped before the broker answered");
+        return Ok(());
+    };
+    let service = OutboxService::builder(SeaOrmStore::new(db), publisher)
+        .config(config.clone())
+        .shutdown_on(&shutdown)
+        .start()?;
+    tracing::info!(
+        broker = %shown,
+        kind = kind.name(),
+        relays = config.relays,
+        poll = ?config.relay.poll_interval,
+        cleanup = config.cleanup.is_some(),
+        "outbox relay running; stop it with SIGTERM or SIGINT"
+    );
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(args.status_interval) => log_status(&service.health()),
+        }
+    }
+    tracing::info!("stopping: finishing the batch in flight");
+    service.shutdown().await;
+    log_status(&service.health());
+    Ok(())
+}
+
+/// Connects to the broker, retrying (1 s doubling to 30 s) while it is unreachable; `None` when a signal
+/// came first.
+async fn connect_broker(
+    db: &DatabaseConnection,
+    args: &RelayArgs,
+    shown: &str,
+    shutdown: &CancellationToken,
+) -> Option<broker::AnyPublisher> {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        let attempt = tokio::select! {
+            () = shutdown.cancelled() => return None,
+            attempt = broker::connect(&args.broker) => attempt,
+        };
+        match attempt {
+            Ok(publisher) => return Some(publisher),
+            Err(error) => {
+                let waiting = admin::stats(db).await.map(|s| s.pending).unwrap_or_default();
+                tracing::warn!(
+                    broker = %shown,
+                    %error,
+                    events_waiting = waiting,
+                    retry_in = ?delay,
+                    "broker unreachable; retrying (events wait in the outbox)"
+                );
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return None,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+}
+
+fn log_status(health: &Health) {
+    let stats = health.stats.unwrap_or_default();
+    tracing::info!(
+        published = health.published_events,
+        pending = stats.pending,
+        dead = stats.dead,
+        oldest_pending_seconds = stats.oldest_pending_seconds,
+        consecutive_failures = health.consecutive_failures,
+        last_error = health.last_error.as_deref().unwrap_or("-"),
+        cleaned = health.cleaned_outbox_rows,
+        "outbox relay status"
+    );
+}
+
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = terminate.recv() => tracing::info!("SIGTERM"),
+                    _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; SIGINT still stops the relay");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+    shutdown.cancel();
+}

@@ -1,0 +1,277 @@
+//! The `outbox` binary, run as a process: bad URLs fail without showing the password, `check` reports a
+//! read-only database, `stats --json` parses, and `relay` survives a broker that is down at start and
+//! stops cleanly on SIGTERM.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use outbox_integration_tests::{TestDb, per_backend};
+use outbox_seaorm::NewEvent;
+use sea_orm::{ConnectionTrait, DbBackend, TransactionTrait};
+
+const SECRET: &str = "s3cr3t-pw";
+
+/// `outbox` with no inherited `DATABASE_URL` or `OUTBOX_*` settings.
+fn outbox() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    command.env_remove("DATABASE_URL");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("OUTBOX_") {
+            command.env_remove(name);
+        }
+    }
+    command.env("OUTBOX_LOG", "warn").env("OUTBOX_CONNECT_TIMEOUT", "2s");
+    command
+}
+
+/// The URL and the extra arguments that point the CLI at `t`'s database (PostgreSQL: its schema).
+fn target(t: &TestDb) -> (String, Vec<String>) {
+    match t.url.split_once('#') {
+        Some((base, schema)) => (base.to_owned(), vec!["--schema".to_owned(), schema.to_owned()]),
+        None => (t.url.clone(), Vec::new()),
+    }
+}
+
+fn run(t: &TestDb, args: &[&str]) -> Output {
+    let (url, extra) = target(t);
+    outbox().env("DATABASE_URL", url).args(extra).args(args).output().expect("run outbox")
+}
+
+fn text(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+async fn enqueue(t: &TestDb, events: &[NewEvent]) {
+    let txn = t.db.begin().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    outbox_seaorm::enqueue_all(&txn, events).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    txn.commit().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+}
+
+fn order(id: &str, event_type: &str) -> NewEvent {
+    NewEvent::new("order", id, event_type, &serde_json::json!({ "id": id })).expect("event")
+}
+
+#[test]
+fn a_bad_database_url_exits_non_zero_without_printing_the_password() {
+    for url in [
+        format!("postgres://app:{SECRET}@127.0.0.1:1/shop"), // nothing listens
+        format!("postgres://app:{SECRET}@127.0.0.1:notaport/shop"), // malformed
+        format!("mysql://app:{SECRET}@127.0.0.1:1/shop"),
+        format!("http://app:{SECRET}@127.0.0.1/shop"), // not a database
+    ] {
+        let started = Instant::now();
+        let output = outbox().env("DATABASE_URL", &url).arg("stats").output().expect("run outbox");
+        let all = text(&output);
+        assert!(!output.status.success(), "{url}: exit 0: {all}");
+        assert!(all.contains("error:"), "{url}: no clear message: {all}");
+        assert!(!all.contains(SECRET), "{url}: the password was printed: {all}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{url}: took {:?}", started.elapsed());
+    }
+    let output = outbox().arg("check").output().expect("run outbox");
+    assert!(!output.status.success() && text(&output).contains("DATABASE_URL"), "{}", text(&output));
+}
+
+#[test]
+fn help_lists_every_subcommand() {
+    let output = outbox().arg("--help").output().expect("run outbox");
+    let help = String::from_utf8_lossy(&output.stdout);
+    for command in ["relay", "migrate", "stats", "dead", "cleanup", "check"] {
+        assert!(help.contains(command), "--help lacks {command}: {help}");
+    }
+}
+
+#[test]
+fn an_unmigrated_database_is_refused_until_migrate_runs() {
+    let path = std::env::temp_dir().join(format!("outbox-cli-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let stats = outbox().env("DATABASE_URL", &url).arg("stats").output().expect("run outbox");
+    assert!(!stats.status.success(), "{}", text(&stats));
+    assert!(text(&stats).contains("run `outbox migrate`"), "{}", text(&stats));
+    let check = outbox().env("DATABASE_URL", &url).arg("check").output().expect("run outbox");
+    assert!(!check.status.success() && text(&check).contains("FAIL  migrations"), "{}", text(&check));
+
+    let migrate = outbox().env("DATABASE_URL", &url).arg("migrate").output().expect("run outbox");
+    assert!(migrate.status.success(), "{}", text(&migrate));
+    assert!(text(&migrate).contains("applied 4"), "{}", text(&migrate));
+    let again = outbox().env("DATABASE_URL", &url).arg("migrate").output().expect("run outbox");
+    assert!(again.status.success() && text(&again).contains("all applied already"), "{}", text(&again));
+    let check = outbox().env("DATABASE_URL", &url).arg("check").output().expect("run outbox");
+    assert!(check.status.success(), "{}", text(&check));
+    let _ = std::fs::remove_file(&path);
+}
+
+async fn stats_json_parses_and_counts_the_backlog(t: TestDb) {
+    enqueue(&t, &[order("o1", "order.placed"), order("o1", "order.paid"), order("o2", "order.placed")]).await;
+    let output = run(&t, &["stats", "--json"]);
+    assert!(output.status.success(), "{t}: {}", text(&output));
+    let stats: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(stats["pending"], 3, "{t}: {stats}");
+    assert_eq!(stats["by_event_type"][0]["name"], "order.paid", "{t}: {stats}");
+    let plain = run(&t, &["stats"]);
+    assert!(text(&plain).contains("pending 3, dead 0"), "{t}: {}", text(&plain));
+    let dead = run(&t, &["dead", "list", "--json"]);
+    assert_eq!(serde_json::from_slice::<Vec<serde_json::Value>>(&dead.stdout).map(|v| v.len()).ok(), Some(0));
+    let replay = run(&t, &["dead", "replay"]);
+    assert!(!replay.status.success() && text(&replay).contains("needs a filter"), "{t}: {}", text(&replay));
+    let replay = run(&t, &["dead", "replay", "--event-type", "order.placed"]);
+    assert!(text(&replay).contains("replayed 0 dead event(s)"), "{t}: {}", text(&replay));
+}
+per_backend!(stats_json_parses_and_counts_the_backlog, "cli_stats_json");
+
+/// A PostgreSQL database of its own whose sessions default to read-only, migrated before that was set;
+/// dropped by [`drop_database`].
+async fn read_only_database(name: &str) -> Option<(sea_orm::DatabaseConnection, String)> {
+    let admin_url = std::env::var("OUTBOX_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let admin = match outbox_seaorm::connect_with(&admin_url, |o| {
+        o.connect_timeout(Duration::from_secs(2)).acquire_timeout(Duration::from_secs(2));
+    })
+    .await
+    {
+        Ok(admin) => admin,
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI=true but PostgreSQL: {e}"),
+        Err(e) => {
+            eprintln!("skipping: PostgreSQL at {admin_url} is unreachable: {e}");
+            return None;
+        }
+    };
+    admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.expect("drop");
+    admin.execute_unprepared(&format!("CREATE DATABASE {name}")).await.expect("create database");
+    let base = admin_url.rsplit_once('/').map(|(base, _)| base).unwrap_or(&admin_url);
+    let url = format!("{base}/{name}");
+    let db = outbox_seaorm::connect(&url).await.expect("connect");
+    outbox_seaorm::migrate(&db).await.expect("migrate");
+    db.close().await.ok();
+    let sql = format!("ALTER DATABASE {name} SET default_transaction_read_only = on");
+    admin.execute_unprepared(&sql).await.expect("read-only");
+    Some((admin, url))
+}
+
+async fn drop_database(admin: &sea_orm::DatabaseConnection, name: &str) {
+    let _ = admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
+}
+
+#[tokio::test]
+async fn check_reports_a_read_only_database_and_relay_refuses_it() {
+    let name = format!("t_cli_read_only_{}", outbox_integration_tests::run_suffix());
+    let Some((admin, url)) = read_only_database(&name).await else { return };
+
+    let check = outbox().env("DATABASE_URL", &url).args(["check", "--json"]).output().expect("run outbox");
+    let report: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap_or_else(|e| panic!("{e}: {check:?}"));
+    let primary = report["checks"].as_array().and_then(|c| c.iter().find(|c| c["name"] == "primary")).cloned();
+    drop_database_after(&admin, &name, || {
+        assert!(!check.status.success(), "check passed on a read-only database: {report}");
+        let primary = primary.expect("a primary check");
+        assert_eq!(primary["ok"], false, "{report}");
+        assert!(primary["detail"].as_str().is_some_and(|d| d.contains("default_transaction_read_only")), "{report}");
+        assert_eq!(report["checks"][1]["ok"], true, "the migrations are there: {report}");
+    })
+    .await;
+
+    let (admin, url) = read_only_database(&name).await.expect("again");
+    let relay = outbox()
+        .env("DATABASE_URL", &url)
+        .args(["relay", "--broker", "redis://127.0.0.1:6379"])
+        .output()
+        .expect("run outbox");
+    drop_database_after(&admin, &name, || {
+        assert!(!relay.status.success(), "the relay started on a read-only database");
+        assert!(text(&relay).contains("read-only") && text(&relay).contains("primary"), "{}", text(&relay));
+    })
+    .await;
+}
+
+/// Runs `assertions`, dropping the database whether they pass or not.
+async fn drop_database_after(admin: &sea_orm::DatabaseConnection, name: &str, assertions: impl FnOnce()) {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(assertions));
+    drop_database(admin, name).await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// Kills the child when a test fails before stopping it.
+struct Running(Option<Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Running {
+    /// Sends SIGTERM and collects the output once the process exits (within 10 s).
+    fn terminate(mut self) -> Output {
+        let mut child = self.0.take().expect("running");
+        let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
+        assert!(status.success(), "kill -TERM failed");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while child.try_wait().expect("wait").is_none() {
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("the relay did not stop within 10 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.wait_with_output().expect("output")
+    }
+}
+
+fn spawn_relay(t: &TestDb, broker: &str, stream: &str) -> Running {
+    let (url, extra) = target(t);
+    let child = outbox()
+        .env("DATABASE_URL", url)
+        .env("OUTBOX_POLL_INTERVAL", "100ms")
+        .env("OUTBOX_LOG", "outbox=info,outbox_runtime=info,warn")
+        .args(extra)
+        .args(["relay", "--broker", broker, "--destination", stream])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn outbox relay");
+    Running(Some(child))
+}
+
+async fn published(t: &TestDb) -> i64 {
+    let sql = "SELECT COUNT(*) AS n FROM outbox_events WHERE published_at_ms IS NOT NULL";
+    let row = t.db.query_one_raw(sea_orm::Statement::from_string(t.backend, sql)).await.expect("count");
+    row.and_then(|r| r.try_get::<i64>("", "n").ok()).unwrap_or_default()
+}
+
+async fn the_relay_publishes_and_stops_cleanly_on_sigterm(t: TestDb) {
+    if t.backend == DbBackend::MySql {
+        return; // the same code path as PostgreSQL; one server process is enough here
+    }
+    enqueue(&t, &[order("o1", "order.placed"), order("o2", "order.placed")]).await;
+    let stream = format!("outbox-cli-test:{}", outbox_integration_tests::run_suffix());
+    let relay = spawn_relay(&t, "redis://127.0.0.1:6379", &stream);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while published(&t).await < 2 {
+        assert!(Instant::now() < deadline, "{t}: the relay published nothing (is Redis on 6379?)");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let output = relay.terminate();
+    assert!(output.status.success(), "{t}: {:?}: {}", output.status, text(&output));
+    assert!(text(&output).contains("stopping"), "{t}: {}", text(&output));
+}
+per_backend!(the_relay_publishes_and_stops_cleanly_on_sigterm, "cli_relay_sigterm");
+
+async fn a_broker_down_at_start_is_retried_not_fatal(t: TestDb) {
+    if t.backend != DbBackend::Sqlite {
+        return;
+    }
+    enqueue(&t, &[order("o1", "order.placed")]).await;
+    let relay = spawn_relay(&t, &format!("redis://user:{SECRET}@127.0.0.1:1"), "never");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let output = relay.terminate();
+    let all = text(&output);
+    assert!(output.status.success(), "{t}: the relay gave up: {:?}: {all}", output.status);
+    assert!(all.contains("broker unreachable; retrying") && all.contains("events_waiting=1"), "{t}: {all}");
+    assert!(!all.contains(SECRET), "{t}: the broker password was printed: {all}");
+    assert_eq!(published(&t).await, 0, "{t}");
+}
+per_backend!(a_broker_down_at_start_is_retried_not_fatal, "cli_broker_down");

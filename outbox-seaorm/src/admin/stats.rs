@@ -1,0 +1,109 @@
+//! Backlog figures broken down by aggregate type and event type, for dashboards and `outbox stats`.
+
+use chrono::Utc;
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
+use sea_orm::{ConnectionTrait, DbErr, QueryResult};
+use serde::Serialize;
+
+use crate::entity::outbox_event::{Column, Entity};
+use crate::error::{Result, store_error};
+
+/// The unpublished events of one aggregate type or event type.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GroupStats {
+    /// The aggregate type or event type.
+    pub name: String,
+    /// Unpublished events that will still be tried.
+    pub pending: u64,
+    /// Unpublished events that are dead.
+    pub dead: u64,
+    /// Age in whole seconds of the oldest pending event, 0 when none.
+    pub oldest_pending_seconds: u64,
+    /// The highest attempt count among the unpublished events.
+    pub max_attempts: i32,
+}
+
+/// The whole backlog, and the same figures per aggregate type and per event type (each sorted by name).
+/// Serialises to JSON as `outbox stats --json` prints it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Unpublished events that will still be tried.
+    pub pending: u64,
+    /// Unpublished events that are dead (replay or discard them: `outbox dead`).
+    pub dead: u64,
+    /// Age in whole seconds of the oldest pending event, 0 when none: the figure to alert on.
+    pub oldest_pending_seconds: u64,
+    /// The highest attempt count among unpublished events.
+    pub max_attempts: i32,
+    /// Per aggregate type.
+    pub by_aggregate_type: Vec<GroupStats>,
+    /// Per event type.
+    pub by_event_type: Vec<GroupStats>,
+}
+
+/// Reads the backlog figures now. Two grouped reads of the unpublished rows; published rows are not
+/// read.
+///
+/// ```no_run
+/// # async fn demo(db: &sea_orm::DatabaseConnection) -> outbox_seaorm::Result<()> {
+/// let stats = outbox_seaorm::admin::stats(db).await?;
+/// println!("{} pending, oldest {} s", stats.pending, stats.oldest_pending_seconds);
+/// println!("{}", serde_json::to_string(&stats).unwrap());
+/// # Ok(()) }
+/// ```
+pub async fn stats<C: ConnectionTrait>(db: &C) -> Result<Stats> {
+    let backend = db.get_database_backend();
+    let error = |e| store_error("read stats", "outbox_events", backend, e);
+    let now_ms = Utc::now().timestamp_millis();
+    let by_aggregate_type = grouped(db, Column::AggregateType, now_ms).await.map_err(error)?;
+    let by_event_type = grouped(db, Column::EventType, now_ms).await.map_err(error)?;
+    let mut stats = Stats::default();
+    for group in &by_aggregate_type {
+        stats.pending += group.pending;
+        stats.dead += group.dead;
+        stats.oldest_pending_seconds = Ord::max(stats.oldest_pending_seconds, group.oldest_pending_seconds);
+        stats.max_attempts = Ord::max(stats.max_attempts, group.max_attempts);
+    }
+    stats.by_aggregate_type = by_aggregate_type;
+    stats.by_event_type = by_event_type;
+    Ok(stats)
+}
+
+async fn grouped<C: ConnectionTrait>(db: &C, by: Column, now_ms: i64) -> std::result::Result<Vec<GroupStats>, DbErr> {
+    let mut query = Query::select();
+    query
+        .expr_as(Expr::col(by), Alias::new("name"))
+        .expr_as(Expr::cust("COUNT(CASE WHEN dead_at_ms IS NULL THEN 1 END)"), Alias::new("pending"))
+        .expr_as(Expr::cust("COUNT(CASE WHEN dead_at_ms IS NOT NULL THEN 1 END)"), Alias::new("dead"))
+        .expr_as(Expr::cust("MIN(CASE WHEN dead_at_ms IS NULL THEN created_at_ms END)"), Alias::new("oldest"))
+        .expr_as(Expr::cust("MAX(attempts)"), Alias::new("max_attempts"))
+        .from(Entity)
+        .and_where(Expr::col(Column::PublishedAtMs).is_null())
+        .group_by_col(by)
+        .order_by(by, sea_orm::Order::Asc);
+    let rows = db.query_all(&query).await?;
+    rows.iter().map(|row| group(row, now_ms)).collect()
+}
+
+fn group(row: &QueryResult, now_ms: i64) -> std::result::Result<GroupStats, DbErr> {
+    let oldest: Option<i64> = row.try_get("", "oldest")?;
+    Ok(GroupStats {
+        name: row.try_get("", "name")?,
+        pending: count(row, "pending")?,
+        dead: count(row, "dead")?,
+        oldest_pending_seconds: oldest.map(|created| Ord::max(now_ms - created, 0) as u64 / 1000).unwrap_or(0),
+        max_attempts: int(row, "max_attempts")?,
+    })
+}
+
+fn count(row: &QueryResult, name: &str) -> std::result::Result<u64, DbErr> {
+    Ok(Ord::max(row.try_get::<Option<i64>>("", name)?.unwrap_or_default(), 0) as u64)
+}
+
+/// `MAX` of an `INT` column: `int4` on PostgreSQL, a 64-bit integer elsewhere.
+fn int(row: &QueryResult, name: &str) -> std::result::Result<i32, DbErr> {
+    match row.try_get::<Option<i32>>("", name) {
+        Ok(value) => Ok(value.unwrap_or_default()),
+        Err(_) => Ok(row.try_get::<Option<i64>>("", name)?.unwrap_or_default().clamp(0, i64::from(i32::MAX)) as i32),
+    }
+}
