@@ -6,7 +6,7 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Fields, Ident, LitInt, LitStr, Token, Type};
 
-use super::errors::Errors;
+use crate::diagnostics::Errors;
 
 /// One older version and the type its payload decodes into.
 pub struct Upcast {

@@ -2,7 +2,6 @@
 //! for the types inside a payload and the `upcast_from` structs (parse → expand).
 
 mod ast;
-mod errors;
 mod expand;
 mod lock;
 mod valid;

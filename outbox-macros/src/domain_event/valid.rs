@@ -1,7 +1,7 @@
 //! Semantic checks of a parsed derive input; every problem is reported in one compile.
 
 use super::ast::Event;
-use super::errors::Errors;
+use crate::diagnostics::Errors;
 
 pub fn check(event: &Event<'_>) -> syn::Result<()> {
     let mut errors = Errors::default();
