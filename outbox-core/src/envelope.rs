@@ -23,6 +23,9 @@ pub const MAX_AGGREGATE_ID_LEN: usize = 128;
 pub const MAX_EVENT_TYPE_LEN: usize = 128;
 /// Longest header name accepted.
 pub const MAX_HEADER_NAME_LEN: usize = 128;
+/// Longest header value accepted: 8 KiB, under every supported broker's header limit (NATS, Kafka and
+/// RabbitMQ accept far more, but a header is metadata, not a second payload).
+pub const MAX_HEADER_VALUE_LEN: usize = 8 * 1024;
 /// Default cap on a serialized payload: 1 MiB, below every supported broker's default message limit.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 
@@ -85,7 +88,7 @@ pub type Headers = BTreeMap<String, String>;
 /// ```
 /// use outbox_runtime::NewEvent;
 /// let event = NewEvent::new("order", "o-1", "order.placed", &serde_json::json!({"total_minor": 4900}))?
-///     .with_schema_version(2)
+///     .with_schema_version(2)?
 ///     .with_header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")?;
 /// assert_eq!(event.schema_version(), 2);
 /// # Ok::<(), outbox_runtime::Error>(())
@@ -119,7 +122,9 @@ impl NewEvent {
         Self::from_json(aggregate_type, aggregate_id, event_type, json)
     }
 
-    /// Builds an event from an already serialized JSON payload, which is checked to be valid JSON.
+    /// Builds an event from an already serialized JSON payload, checked to be a JSON object without `\u0000`
+    /// or unpaired surrogate escapes (PostgreSQL's `jsonb` rejects both, MySQL and SQLite would store them,
+    /// so they are refused here for every backend alike).
     pub fn from_json(
         aggregate_type: impl Into<String>,
         aggregate_id: impl Into<String>,
@@ -135,6 +140,7 @@ impl NewEvent {
         check_payload_size(payload_json.len(), DEFAULT_MAX_PAYLOAD_BYTES)?;
         let payload = RawValue::from_string(payload_json)
             .map_err(|e| Error::invalid_event("payload", format!("is not valid JSON: {e}")))?;
+        check_payload_text(payload.get())?;
         Ok(NewEvent {
             id: EventId::new(),
             aggregate_type,
@@ -146,10 +152,13 @@ impl NewEvent {
         })
     }
 
-    /// Sets the payload's schema version (default 1).
-    pub fn with_schema_version(mut self, version: i32) -> Self {
+    /// Sets the payload's schema version (default 1); versions start at 1.
+    pub fn with_schema_version(mut self, version: i32) -> Result<Self> {
+        if version < 1 {
+            return Err(Error::invalid_event("schema_version", format!("is {version}; versions start at 1")));
+        }
         self.schema_version = version;
-        self
+        Ok(self)
     }
 
     /// Uses a caller-chosen id instead of a fresh UUIDv7 (e.g. to make enqueue itself idempotent).
@@ -158,11 +167,15 @@ impl NewEvent {
         self
     }
 
-    /// Adds a header; names must be non-empty identifiers of at most [`MAX_HEADER_NAME_LEN`] bytes.
+    /// Adds a header; names must be non-empty identifiers of at most [`MAX_HEADER_NAME_LEN`] bytes, values
+    /// at most [`MAX_HEADER_VALUE_LEN`] bytes without control characters (a tab aside): brokers carry
+    /// headers as text lines, where a NUL or a line break would cut or forge one.
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Result<Self> {
         let name = name.into();
+        let value = value.into();
         check_name("headers", &name, MAX_HEADER_NAME_LEN)?;
-        self.headers.insert(name, value.into());
+        check_header_value(&name, &value)?;
+        self.headers.insert(name, value);
         Ok(self)
     }
 
@@ -215,6 +228,84 @@ pub fn check_name(field: &'static str, value: &str, max: usize) -> Result<()> {
     }
     if value.chars().any(char::is_control) {
         return Err(Error::invalid_event(field, format!("contains control characters: {value:?}")));
+    }
+    Ok(())
+}
+
+/// Checks a header value: at most [`MAX_HEADER_VALUE_LEN`] bytes, no control characters but tab.
+fn check_header_value(name: &str, value: &str) -> Result<()> {
+    if value.len() > MAX_HEADER_VALUE_LEN {
+        return Err(Error::invalid_event(
+            "headers",
+            format!("value of `{name}` is {} bytes long; the limit is {MAX_HEADER_VALUE_LEN}", value.len()),
+        ));
+    }
+    if value.chars().any(|c| c.is_control() && c != '\t') {
+        return Err(Error::invalid_event(
+            "headers",
+            format!("value of `{name}` contains control characters: {:?}", crate::text::truncate(value, 80)),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks valid JSON text for what some backends store and others reject: it must be an object (what a
+/// `DomainEvent` serializes to, and what consumers and CDC tools expect), and no string may hold a
+/// `\u0000` escape or a surrogate escape without its pair.
+fn check_payload_text(json: &str) -> Result<()> {
+    if !json.trim_start().starts_with('{') {
+        let kind = match json.trim_start().bytes().next() {
+            Some(b'[') => "an array",
+            Some(b'"') => "a string",
+            Some(b'n') => "null",
+            Some(b't' | b'f') => "a boolean",
+            _ => "a number",
+        };
+        return Err(Error::invalid_event(
+            "payload",
+            format!("is {kind}; an event payload must be a JSON object (a struct or map serializes to one)"),
+        ));
+    }
+    let bytes = json.as_bytes();
+    let unicode_escape = |at: usize| -> Option<u32> {
+        let hex = json.get(at + 2..at + 6)?;
+        (bytes.get(at + 1) == Some(&b'u')).then(|| u32::from_str_radix(hex, 16).ok()).flatten()
+    };
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        // Valid JSON: a backslash only ever starts an escape inside a string.
+        let Some(code) = unicode_escape(i) else {
+            i += 2;
+            continue;
+        };
+        match code {
+            0 => {
+                return Err(Error::invalid_event(
+                    "payload",
+                    "contains a \\u0000 escape (NUL), which PostgreSQL cannot store",
+                ));
+            }
+            0xD800..=0xDBFF => match unicode_escape(i + 6) {
+                Some(0xDC00..=0xDFFF) => i += 12,
+                _ => {
+                    return Err(Error::invalid_event(
+                        "payload",
+                        format!("contains an unpaired surrogate escape \\u{code:04x}"),
+                    ));
+                }
+            },
+            0xDC00..=0xDFFF => {
+                return Err(Error::invalid_event(
+                    "payload",
+                    format!("contains an unpaired surrogate escape \\u{code:04x}"),
+                ));
+            }
+            _ => i += 6,
+        }
     }
     Ok(())
 }
@@ -300,6 +391,48 @@ mod tests {
         assert!(err.to_string().contains("limit is"), "{err}");
         let err = NewEvent::from_json("order", "o1", "t", "{not json".into()).unwrap_err();
         assert!(err.to_string().contains("not valid JSON"), "{err}");
+    }
+
+    #[test]
+    fn payloads_must_be_objects_without_nul_or_unpaired_surrogates() {
+        let field = |json: &str| match NewEvent::from_json("order", "o1", "t", json.to_owned()) {
+            Err(Error::InvalidEvent { field, reason }) => format!("{field}: {reason}"),
+            Err(other) => panic!("{json}: expected InvalidEvent, got {other}"),
+            Ok(_) => "ok".to_owned(),
+        };
+        assert!(field(r#""just a string""#).contains("is a string; an event payload must be a JSON object"));
+        assert!(field("[1]").contains("is an array"));
+        assert!(field("42").contains("is a number"));
+        assert!(field(r#"{"a":"x\u0000y"}"#).contains("\\u0000"));
+        assert!(field(r#"{"a":"\ud800"}"#).contains("unpaired surrogate"));
+        assert!(field(r#"{"a":"\ud800\u0041"}"#).contains("unpaired surrogate"));
+        assert!(field(r#"{"a":"\udc00"}"#).contains("unpaired surrogate"));
+        assert_eq!(field(r#"{"a":"\ud83d\ude00 \\u0000 \u00e9"}"#), "ok", "a pair, an escaped backslash, an é");
+        let nul = NewEvent::new("order", "o1", "t", &serde_json::json!({"a": "x\0y"})).unwrap_err();
+        assert!(nul.to_string().contains("`payload`"), "{nul}");
+    }
+
+    #[test]
+    fn header_values_are_bounded_and_free_of_control_characters() {
+        let event = || NewEvent::new("order", "o1", "t", &serde_json::json!({})).unwrap();
+        let err = event().with_header("tenant", "a\0b").unwrap_err();
+        assert!(err.to_string().contains("value of `tenant` contains control characters"), "{err}");
+        let err = event().with_header("tenant", "a\r\nforged: yes").unwrap_err();
+        assert!(err.to_string().contains("control characters"), "{err}");
+        let err = event().with_header("big", "x".repeat(MAX_HEADER_VALUE_LEN + 1)).unwrap_err();
+        assert!(err.to_string().contains("the limit is 8192"), "{err}");
+        assert!(event().with_header("big", "x".repeat(MAX_HEADER_VALUE_LEN)).is_ok());
+        assert!(event().with_header("with-tab", "a\tb").is_ok());
+    }
+
+    #[test]
+    fn schema_versions_start_at_one() {
+        let event = || NewEvent::new("order", "o1", "t", &serde_json::json!({})).unwrap();
+        for version in [0, -1, i32::MIN] {
+            let err = event().with_schema_version(version).unwrap_err();
+            assert!(err.to_string().contains("`schema_version` is"), "{err}");
+        }
+        assert_eq!(event().with_schema_version(3).unwrap().schema_version(), 3);
     }
 
     #[test]

@@ -122,7 +122,7 @@ pub use config::{Backoff, ClaimMode, DeadLetterPolicy, RelayConfig};
 pub use consume::{Consumer, ConsumerConfig, ConsumerStats, EventHandler, Handled, Received, Transport};
 pub use envelope::{
     DEFAULT_MAX_PAYLOAD_BYTES, EventId, Headers, MAX_AGGREGATE_ID_LEN, MAX_AGGREGATE_TYPE_LEN, MAX_EVENT_TYPE_LEN,
-    MAX_HEADER_NAME_LEN, NewEvent, OutboxEvent, check_name,
+    MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, NewEvent, OutboxEvent, check_name,
 };
 pub use error::{BoxError, Error, Result};
 #[cfg(feature = "schemars")]

@@ -90,8 +90,15 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             })
             .await?;
         let claimed = batch.events().len() as u64;
+        let dead_on_claim = batch.dead_on_claim();
+        if dead_on_claim > 0 {
+            tracing::error!(
+                dead = dead_on_claim,
+                "outbox rows that cannot be decoded were marked dead; see their last_error"
+            );
+        }
         if claimed == 0 {
-            return Ok(RelayPass::default());
+            return Ok(RelayPass { dead: dead_on_claim, ..RelayPass::default() });
         }
         let outcome = self.publish_runs(now, batch.events(), stop).await;
         let dead = outcome.failed.iter().filter(|f| f.dead).count() as u64;
@@ -101,7 +108,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             claimed,
             published: report.published,
             failed: report.failed.saturating_sub(dead),
-            dead,
+            dead: dead + dead_on_claim,
             released,
             fenced: report.fenced,
         };

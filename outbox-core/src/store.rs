@@ -76,6 +76,14 @@ pub trait ClaimedBatch: Send {
     /// Records the outcome with set-based statements (one per kind of outcome, split only for very large
     /// batches; never one per row), and releases the claim.
     fn complete(self, outcome: BatchOutcome) -> impl Future<Output = Result<MarkReport>> + Send;
+
+    /// Rows the claim found it could not decode (headers that are not a string map, an event id that is
+    /// not a UUID, ... written by hand or by another tool) and marked dead on the spot, with a
+    /// `last_error` saying what is wrong, instead of failing the claim for every aggregate. Not part of
+    /// [`ClaimedBatch::events`].
+    fn dead_on_claim(&self) -> u64 {
+        0
+    }
 }
 
 /// Backlog figures for alerting: a growing `oldest_pending_age` means a stopped relay, a broker outage or a

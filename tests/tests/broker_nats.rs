@@ -564,7 +564,7 @@ async fn an_invalid_subject_or_oversized_message_goes_dead_with_a_clear_error() 
         let tail = NewEvent::new("item", "x.", "item.counted", &payload(3)).unwrap();
         // Within the outbox's own limit, over the server's once the headers are added.
         let big_text = "x".repeat(max_payload.min(outbox_seaorm::DEFAULT_MAX_PAYLOAD_BYTES) - 64);
-        let big = NewEvent::new("item", "big", "item.counted", &big_text).unwrap();
+        let big = NewEvent::new("item", "big", "item.counted", &serde_json::json!({ "text": big_text })).unwrap();
         let fine = NewEvent::new("item", "ok-1", "item.counted", &payload(4)).unwrap();
         let ids: Vec<_> = [&spaced, &wildcard, &tail, &big, &fine].iter().map(|e| e.id()).collect();
         outbox_seaorm::enqueue_all(&t.db, &[spaced, wildcard, tail, big, fine]).await.unwrap();

@@ -16,6 +16,7 @@ fn mixed_events() -> Vec<NewEvent> {
             NewEvent::new("order", aggregate, format!("order.step{i}"), &serde_json::json!({ "i": i }))
                 .expect("valid")
                 .with_schema_version(1 + (i as i32 % 2))
+                .expect("a valid version")
         })
         .collect()
 }
@@ -52,6 +53,7 @@ async fn every_envelope_field_reaches_the_broker_unchanged(t: TestDb) {
         .expect("valid")
         .with_id(id)
         .with_schema_version(3)
+        .expect("a valid version")
         .with_header("traceparent", traceparent)
         .expect("header")
         .with_header("tenant", "acme")
@@ -77,11 +79,11 @@ per_backend!(every_envelope_field_reaches_the_broker_unchanged, "envelope_reache
 
 async fn enqueue_joins_the_given_transaction_or_writes_alone(t: TestDb) {
     let txn = t.db.begin().await.unwrap_or_else(|e| panic!("{t}: {e}"));
-    let e = NewEvent::new("order", "o1", "order.placed", &1).expect("valid");
+    let e = NewEvent::new("order", "o1", "order.placed", &serde_json::json!({"n": 1})).expect("valid");
     assert_eq!(outbox_seaorm::enqueue(&txn, &e).await.unwrap_or_else(|e| panic!("{t}: {e}")), e.id(), "{t}");
     // A savepoint inside the transaction: rolled back alone.
     let savepoint = txn.begin().await.unwrap_or_else(|e| panic!("{t}: {e}"));
-    let dropped = NewEvent::new("order", "o1", "order.cancelled", &2).expect("valid");
+    let dropped = NewEvent::new("order", "o1", "order.cancelled", &serde_json::json!({"n": 2})).expect("valid");
     outbox_seaorm::enqueue(&savepoint, &dropped).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     savepoint.rollback().await.unwrap_or_else(|e| panic!("{t}: {e}"));
     txn.commit().await.unwrap_or_else(|e| panic!("{t}: {e}"));
@@ -89,7 +91,7 @@ async fn enqueue_joins_the_given_transaction_or_writes_alone(t: TestDb) {
     assert_eq!(rows.iter().map(|r| r.event_type.as_str()).collect::<Vec<_>>(), ["order.placed"], "{t}");
 
     // No business change to go with it: a plain connection writes the event on its own.
-    let alone = NewEvent::new("order", "o2", "order.placed", &3).expect("valid");
+    let alone = NewEvent::new("order", "o2", "order.placed", &serde_json::json!({"n": 3})).expect("valid");
     outbox_seaorm::enqueue(&t.db, &alone).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     assert_eq!(count_outbox(&t).await, 2, "{t}");
 }

@@ -192,7 +192,8 @@ async fn an_old_version_payload_is_upcast_by_the_handler(t: TestDb) {
     create_shop_tables(&t).await;
     let v1 = NewEvent::new("order", "o9", "order.placed", &serde_json::json!({"order_id": "o9", "total": 7}))
         .unwrap()
-        .with_schema_version(1);
+        .with_schema_version(1)
+        .unwrap();
     outbox_seaorm::enqueue(&t.db, &v1).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     let messages = published(&t).await;
     let outcome = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
@@ -205,7 +206,8 @@ async fn unknown_types_and_newer_versions_are_errors_that_record_nothing(t: Test
     create_shop_tables(&t).await;
     let payload = serde_json::json!({"order_id": "o1", "customer": "c", "total_minor": 1});
     let cancelled = NewEvent::new("order", "o1", "order.cancelled", &payload).unwrap();
-    let from_the_future = NewEvent::new("order", "o1", "order.placed", &payload).unwrap().with_schema_version(3);
+    let from_the_future =
+        NewEvent::new("order", "o1", "order.placed", &payload).unwrap().with_schema_version(3).unwrap();
     let malformed = NewEvent::new("order", "o1", "order.placed", &serde_json::json!({"order_id": 5})).unwrap();
     outbox_seaorm::enqueue_all(&t.db, &[cancelled, from_the_future, malformed]).await.unwrap();
     let broker = InMemoryPublisher::new();

@@ -159,9 +159,9 @@ per_backend!(skip_dead_lets_later_events_of_the_aggregate_past_a_dead_one, "orde
 
 async fn aggregates_are_keyed_by_type_and_id(t: TestDb) {
     // An order and an invoice that happen to share the id "1" are different aggregates.
-    let order = NewEvent::new("order", "1", "order.placed", &1).expect("valid");
-    let invoice = NewEvent::new("invoice", "1", "invoice.issued", &2).expect("valid");
-    let order_paid = NewEvent::new("order", "1", "order.paid", &3).expect("valid");
+    let order = NewEvent::new("order", "1", "order.placed", &serde_json::json!({"n": 1})).expect("valid");
+    let invoice = NewEvent::new("invoice", "1", "invoice.issued", &serde_json::json!({"n": 2})).expect("valid");
+    let order_paid = NewEvent::new("order", "1", "order.paid", &serde_json::json!({"n": 3})).expect("valid");
     enqueue_committed(&t, &[order.clone(), invoice.clone(), order_paid.clone()]).await;
     let broker = InMemoryPublisher::new();
     let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), fast_config()).expect("config");

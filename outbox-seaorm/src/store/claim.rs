@@ -29,9 +29,17 @@ use crate::sql::{KeyedSelect, Sql};
 /// Most candidate pages one claim reads before it settles for what it has (other relays hold the rest).
 const MAX_ROUNDS: usize = 8;
 
+/// A head row the claim could not decode: it is marked dead with `error` instead of failing the claim.
+pub(super) struct Undecodable {
+    pub(super) seq: i64,
+    pub(super) error: String,
+}
+
 /// What a claim took, and what it learned about the aggregates it could not take.
 pub(super) struct Claimed {
     pub(super) events: Vec<OutboxEvent>,
+    /// Heads that do not decode; their aggregates' hints are in `hints` (blocked, or past them).
+    pub(super) undecodable: Vec<Undecodable>,
     pub(super) hints: Vec<Hint>,
     /// `(last_version, due_at_ms)` of each claimed aggregate as the claim read them: a run that ends at that
     /// version drained the aggregate, unless the hint changed meanwhile (a replay).
@@ -62,7 +70,8 @@ fn payload_columns(backend: DbBackend) -> &'static str {
 pub(super) async fn claim_runs(txn: &DatabaseTransaction, request: &ClaimRequest) -> Result<Claimed, DbErr> {
     let now_ms = request.now.timestamp_millis();
     let limit = request.limit as usize;
-    let mut claimed = Claimed { events: Vec::new(), hints: Vec::new(), last_versions: HashMap::new() };
+    let mut claimed =
+        Claimed { events: Vec::new(), undecodable: Vec::new(), hints: Vec::new(), last_versions: HashMap::new() };
     let mut after: Option<(i64, String, String)> = None;
     let mut pending_candidates: std::collections::VecDeque<Candidate> = Default::default();
     let mut exhausted = false;
@@ -109,7 +118,7 @@ pub(super) async fn claim_runs(txn: &DatabaseTransaction, request: &ClaimRequest
         if round.is_empty() {
             continue;
         }
-        take_runs(txn, now_ms, &round, &mut claimed).await?;
+        take_runs(txn, now_ms, &round, request.dead_letters, &mut claimed).await?;
     }
     Ok(claimed)
 }
@@ -247,6 +256,7 @@ async fn take_runs(
     txn: &DatabaseTransaction,
     now_ms: i64,
     round: &[(Candidate, i64, i64)],
+    dead_letters: DeadLetterPolicy,
     claimed: &mut Claimed,
 ) -> Result<(), DbErr> {
     let backend = txn.get_database_backend();
@@ -300,12 +310,35 @@ async fn take_runs(
             continue; // the head is held by another relay, not due, dead, or just published
         };
         found.sort_by_key(|(version, _)| *version);
-        // A run starts at the head and stops at the first version it could not take.
+        // A run starts at the head and stops at the first version it could not take, or could not decode:
+        // such a row waits until it is the head, and is then set aside as dead, alone.
         for (expected, (version, row)) in (*head..).zip(found) {
             if version != expected {
                 break;
             }
-            claimed.events.push(decode_row(row)?);
+            match decode_row(row, backend) {
+                Ok(event) => claimed.events.push(event),
+                Err(Undecoded::Store(error)) => return Err(error),
+                Err(Undecoded::Content(error)) => {
+                    if version == *head {
+                        let seq: i64 = row.try_get("", "seq")?;
+                        tracing::error!(
+                            seq,
+                            aggregate_type = %key.0,
+                            aggregate_id = %key.1,
+                            version,
+                            %error,
+                            "an outbox row cannot be decoded; it is marked dead"
+                        );
+                        claimed.hints.push(match dead_letters {
+                            DeadLetterPolicy::BlockAggregate => Hint::blocked(&key.0, &key.1),
+                            DeadLetterPolicy::SkipDead => Hint::after(&key.0, &key.1, version, now_ms),
+                        });
+                        claimed.undecodable.push(Undecodable { seq, error });
+                    }
+                    break;
+                }
+            }
         }
         claimed.last_versions.insert(key, (candidate.last_version, candidate.due_at_ms));
     }
@@ -317,23 +350,57 @@ fn aggregates_of(rows: &[QueryResult]) -> Result<HashSet<(String, String)>, DbEr
     rows.iter().map(|row| Ok((row.try_get("", "aggregate_type")?, row.try_get("", "aggregate_id")?))).collect()
 }
 
-fn decode_row(row: &QueryResult) -> Result<OutboxEvent, DbErr> {
+/// Why a claimed row did not become an [`OutboxEvent`].
+enum Undecoded {
+    /// Reading the row failed: the claim fails.
+    Store(DbErr),
+    /// The row holds something the envelope cannot carry: the row is set aside, the claim goes on.
+    Content(String),
+}
+
+impl From<DbErr> for Undecoded {
+    fn from(error: DbErr) -> Self {
+        match error {
+            // A value of the wrong type or out of range (a schema version beyond `i32`, ...) is the row's
+            // fault, not the connection's.
+            DbErr::Type(message) => Undecoded::Content(message),
+            DbErr::TryIntoErr { from, into, source } => {
+                Undecoded::Content(format!("a {from} value does not fit {into}: {source}"))
+            }
+            error => Undecoded::Store(error),
+        }
+    }
+}
+
+fn decode_row(row: &QueryResult, backend: DbBackend) -> Result<OutboxEvent, Undecoded> {
+    let content = |what: String| Undecoded::Content(what);
     let id: String = row.try_get("", "event_id")?;
     let headers: String = row.try_get("", "headers")?;
+    let payload: String = row.try_get("", "payload")?;
     let created_at_ms: i64 = row.try_get("", "created_at_ms")?;
+    // PostgreSQL's `jsonb` and MySQL's `JSON` only hold valid JSON; SQLite's `TEXT` holds anything.
+    if backend == DbBackend::Sqlite && serde_json::from_str::<&serde_json::value::RawValue>(&payload).is_err() {
+        return Err(content(format!("the payload of event {} is not valid JSON", one_line(&id))));
+    }
     Ok(OutboxEvent {
         seq: row.try_get("", "seq")?,
         aggregate_version: row.try_get("", "aggregate_version")?,
-        id: id.parse::<EventId>().map_err(|e| DbErr::Type(e.to_string()))?,
+        id: id.parse::<EventId>().map_err(|e| content(format!("event_id {:?} is not a UUID: {e}", one_line(&id))))?,
         aggregate_type: row.try_get("", "aggregate_type")?,
         aggregate_id: row.try_get("", "aggregate_id")?,
         event_type: row.try_get("", "event_type")?,
         schema_version: row.try_get("", "schema_version")?,
-        payload: row.try_get("", "payload")?,
-        headers: serde_json::from_str::<Headers>(&headers)
-            .map_err(|e| DbErr::Type(format!("headers of event {id} are not a string map: {e}")))?,
+        payload,
+        headers: serde_json::from_str::<Headers>(&headers).map_err(|e| {
+            content(format!("the headers of event {} are not a JSON map of strings: {e}", one_line(&id)))
+        })?,
         created_at: chrono::DateTime::from_timestamp_millis(created_at_ms).unwrap_or_default(),
         attempts: row.try_get("", "attempts")?,
         last_error: row.try_get("", "last_error")?,
     })
+}
+
+/// `text` cut to fit a message, on one line.
+fn one_line(text: &str) -> String {
+    outbox_runtime::one_line(&outbox_runtime::truncate(text, 80))
 }

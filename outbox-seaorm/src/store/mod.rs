@@ -78,6 +78,7 @@ fn seqs_of(events: &[OutboxEvent]) -> Vec<i64> {
 /// The claim a relay holds while it publishes.
 pub struct SeaOrmBatch {
     events: Vec<OutboxEvent>,
+    dead_on_claim: u64,
     /// What the claim learned about aggregates it could not take.
     hints: Vec<Hint>,
     /// `(last_version, due_at_ms)` of each claimed aggregate as the claim read them.
@@ -106,9 +107,11 @@ impl OutboxStore for SeaOrmStore {
 
     async fn claim(&self, request: ClaimRequest) -> Result<SeaOrmBatch> {
         let txn = self.begin().await?;
-        let Claimed { events, hints, last_versions } =
+        let Claimed { events, undecodable, hints, last_versions } =
             claim::claim_runs(&txn, &request).await.map_err(self.err("claim a batch"))?;
         let dead_letters = request.dead_letters;
+        let dead_on_claim =
+            set_aside(&txn, &undecodable, request.now).await.map_err(self.err("mark undecodable rows dead"))?;
         if events.is_empty() {
             if hints.is_empty() {
                 txn.rollback().await.map_err(self.err("release an empty claim"))?;
@@ -116,7 +119,14 @@ impl OutboxStore for SeaOrmStore {
                 hints::write_hints(&txn, hints).await.map_err(self.err("update aggregate hints"))?;
                 txn.commit().await.map_err(self.err("commit aggregate hints"))?;
             }
-            return Ok(SeaOrmBatch { events, hints: Vec::new(), last_versions, dead_letters, hold: Hold::Nothing });
+            return Ok(SeaOrmBatch {
+                events,
+                dead_on_claim,
+                hints: Vec::new(),
+                last_versions,
+                dead_letters,
+                hold: Hold::Nothing,
+            });
         }
         let hold = match request.mode {
             ClaimMode::Transaction => Hold::Transaction(txn),
@@ -135,7 +145,7 @@ impl OutboxStore for SeaOrmStore {
             }
         };
         tracing::debug!(claimed = events.len(), "outbox batch claimed");
-        Ok(SeaOrmBatch { events, hints, last_versions, dead_letters, hold })
+        Ok(SeaOrmBatch { events, dead_on_claim, hints, last_versions, dead_letters, hold })
     }
 
     async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats> {
@@ -206,6 +216,33 @@ impl OutboxStore for SeaOrmStore {
 
 /// Makes every aggregate with a claimable unpublished row due: the safety net under the hints, for a hint
 /// lost to a race (see [`hints`]). Reads the pending rows once; setting a hint early is always safe.
+/// Marks the heads the claim could not decode dead, with what is wrong as their `last_error`, inside the
+/// claim's transaction (their hints are among the claim's).
+async fn set_aside(
+    txn: &DatabaseTransaction,
+    rows: &[claim::Undecodable],
+    now: DateTime<Utc>,
+) -> std::result::Result<u64, DbErr> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let mut error = CaseStatement::new();
+    for row in rows {
+        error = error
+            .case(Expr::col(Column::Seq).eq(row.seq), Expr::val(truncate(&format!("undecodable row: {}", row.error))));
+    }
+    let mut update = Query::update();
+    update
+        .table(Entity)
+        .value(Column::Attempts, Expr::col(Column::Attempts).add(1))
+        .value(Column::LastError, error)
+        .value(Column::DeadAtMs, now.timestamp_millis())
+        .value(Column::LeaseToken, Option::<String>::None)
+        .value(Column::LeaseUntilMs, Option::<i64>::None)
+        .and_where(Expr::col(Column::Seq).is_in(rows.iter().map(|r| r.seq)));
+    Ok(txn.execute(&update).await?.rows_affected())
+}
+
 async fn rearm<C: ConnectionTrait>(conn: &C, now: DateTime<Utc>) -> std::result::Result<u64, DbErr> {
     let now_ms = now.timestamp_millis();
     let sql = format!(
@@ -328,6 +365,10 @@ impl SeaOrmBatch {
 impl ClaimedBatch for SeaOrmBatch {
     fn events(&self) -> &[OutboxEvent] {
         &self.events
+    }
+
+    fn dead_on_claim(&self) -> u64 {
+        self.dead_on_claim
     }
 
     async fn complete(mut self, outcome: BatchOutcome) -> Result<MarkReport> {
