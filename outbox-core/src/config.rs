@@ -55,12 +55,20 @@ impl Backoff {
     pub fn delay(&self, attempt: i32) -> Duration {
         let exponent = attempt.saturating_sub(1).clamp(0, 62) as u32;
         let factor = u64::from(self.multiplier.max(1)).saturating_pow(exponent);
-        let capped_ms = (self.initial.as_millis() as u64).saturating_mul(factor).min(self.max.as_millis() as u64);
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let capped_ms = millis(self.initial).saturating_mul(factor).min(millis(self.max));
         let half = capped_ms / 2;
         let jitter = if half == 0 { 0 } else { rand::rng().random_range(0..=half) };
         Duration::from_millis(capped_ms - half + jitter)
     }
 }
+
+/// The longest backoff cap a relay accepts: a week. Longer waits are a dead letter in disguise.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The longest lease a relay accepts: a day (a lease only has to outlast one publish).
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+/// The longest `poll_interval` and `publish_timeout` a relay accepts: an hour.
+pub const MAX_RELAY_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// Relay settings. Build with [`RelayConfig::default`] and the `with_*` methods; [`RelayConfig::validate`]
 /// runs when a relay is created.
@@ -182,14 +190,45 @@ impl RelayConfig {
                 ),
             ));
         }
+        if self.backoff.max > MAX_BACKOFF {
+            return Err(Error::invalid_config(
+                "backoff",
+                format!(
+                    "cap {:?} is over the limit of {MAX_BACKOFF:?}; lower `max_attempts` instead",
+                    self.backoff.max
+                ),
+            ));
+        }
         if self.backoff.multiplier == 0 {
             return Err(Error::invalid_config("backoff.multiplier", "is 0; expected at least 1"));
         }
         if self.poll_interval.is_zero() {
             return Err(Error::invalid_config("poll_interval", "is zero; a relay would spin"));
         }
+        if self.poll_interval > MAX_RELAY_INTERVAL {
+            return Err(Error::invalid_config(
+                "poll_interval",
+                format!("is {:?}; expected at most {MAX_RELAY_INTERVAL:?}", self.poll_interval),
+            ));
+        }
         if self.publish_timeout.is_zero() {
             return Err(Error::invalid_config("publish_timeout", "is zero; every publish would time out"));
+        }
+        if self.publish_timeout > MAX_RELAY_INTERVAL {
+            return Err(Error::invalid_config(
+                "publish_timeout",
+                format!("is {:?}; expected at most {MAX_RELAY_INTERVAL:?}", self.publish_timeout),
+            ));
+        }
+        if let ClaimMode::Lease { duration } = self.claim_mode
+            && duration > MAX_LEASE
+        {
+            return Err(Error::invalid_config(
+                "claim_mode",
+                format!(
+                    "lease of {duration:?} is over the limit of {MAX_LEASE:?}; a lease only has to outlast one publish"
+                ),
+            ));
         }
         if let ClaimMode::Lease { duration } = self.claim_mode
             && duration <= self.publish_timeout
@@ -247,5 +286,25 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("claim_mode"), "{err}");
         RelayConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn durations_beyond_what_the_relay_can_represent_are_rejected_by_name() {
+        let field = |config: RelayConfig| match config.validate() {
+            Err(Error::InvalidConfig { field, .. }) => field,
+            other => panic!("{config:?}: expected InvalidConfig, got {other:?}"),
+        };
+        let lease = |duration| RelayConfig::default().with_claim_mode(ClaimMode::Lease { duration });
+        assert_eq!(field(lease(Duration::MAX)), "claim_mode");
+        assert_eq!(field(lease(MAX_LEASE + Duration::from_millis(1))), "claim_mode");
+        lease(MAX_LEASE).validate().unwrap();
+        let uncapped = Backoff { max: Duration::MAX, ..Backoff::default() };
+        assert_eq!(field(RelayConfig::default().with_backoff(uncapped)), "backoff");
+        assert_eq!(field(RelayConfig::default().with_poll_interval(Duration::MAX)), "poll_interval");
+        assert_eq!(field(RelayConfig::default().with_publish_timeout(Duration::MAX)), "publish_timeout");
+        // The longest accepted settings still give delays the clock can add, at any attempt count.
+        let longest = Backoff { initial: MAX_BACKOFF, max: MAX_BACKOFF, multiplier: u32::MAX };
+        RelayConfig::default().with_backoff(longest).validate().unwrap();
+        assert!(longest.delay(i32::MAX) <= MAX_BACKOFF);
     }
 }

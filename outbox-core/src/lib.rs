@@ -118,7 +118,7 @@ mod store;
 mod text;
 
 pub use broker::Destination;
-pub use config::{Backoff, ClaimMode, DeadLetterPolicy, RelayConfig};
+pub use config::{Backoff, ClaimMode, DeadLetterPolicy, MAX_BACKOFF, MAX_LEASE, MAX_RELAY_INTERVAL, RelayConfig};
 pub use consume::{Consumer, ConsumerConfig, ConsumerStats, EventHandler, Handled, Received, Transport};
 pub use envelope::{
     DEFAULT_MAX_PAYLOAD_BYTES, EventId, Headers, MAX_AGGREGATE_ID_LEN, MAX_AGGREGATE_TYPE_LEN, MAX_EVENT_TYPE_LEN,
@@ -137,5 +137,5 @@ pub use service::{CLEANUP_LOCK, CleanupConfig, Health, OutboxService, OutboxServ
 pub use store::{BatchOutcome, ClaimRequest, ClaimedBatch, Failure, MarkReport, OutboxStats, OutboxStore, StoreLock};
 pub use wake::wake_relays;
 
-pub use text::{one_line, redact_url, truncate};
+pub use text::{one_line, redact_secrets, redact_url, split_credentials, truncate};
 pub use tokio_util::sync::CancellationToken;

@@ -5,7 +5,8 @@ use std::future::Future;
 
 use crate::envelope::OutboxEvent;
 
-/// Why one event was not confirmed by the broker.
+/// Why one event was not confirmed by the broker. The message becomes the row's `last_error` and appears in
+/// logs, so credentials in it (URL user info, `password=` settings) are replaced by `***` on construction.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct PublishError {
@@ -16,13 +17,13 @@ pub struct PublishError {
 impl PublishError {
     /// A failure worth retrying later (broker down, timeout, lost ack).
     pub fn transient(message: impl Into<String>) -> Self {
-        PublishError { message: message.into(), permanent: false }
+        PublishError { message: crate::text::redact_secrets(&message.into()), permanent: false }
     }
 
     /// A failure no retry can fix (payload over the broker's size limit, invalid destination): the event
     /// goes straight to the dead letters with this message as its `last_error`.
     pub fn permanent(message: impl Into<String>) -> Self {
-        PublishError { message: message.into(), permanent: true }
+        PublishError { message: crate::text::redact_secrets(&message.into()), permanent: true }
     }
 
     /// Whether a retry cannot help.

@@ -228,7 +228,11 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         let attempts = event.attempts.saturating_add(1);
         let dead = error.is_permanent() || attempts >= self.config.max_attempts;
         let delay = self.config.backoff.delay(attempts);
-        let next_attempt_at = now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+        // Validation bounds the delay to a week; the checked sum still never panics on a clock near the end.
+        let next_attempt_at = chrono::Duration::from_std(delay)
+            .ok()
+            .and_then(|delay| now.checked_add_signed(delay))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
         tracing::debug!(event_id = %event.id, attempts, dead, %error, "publish failed");
         Failure { seq: event.seq, error: error.message().to_owned(), next_attempt_at, dead }
     }
@@ -262,7 +266,7 @@ pub(crate) async fn run_loop<S: OutboxStore, P: Publisher>(
             }
             Err(error) => {
                 failures = failures.saturating_add(1);
-                let delay = error_backoff.delay(failures as i32);
+                let delay = error_backoff.delay(i32::try_from(failures).unwrap_or(i32::MAX));
                 tracing::error!(%error, consecutive_failures = failures, retry_in = ?delay, "outbox relay pass failed");
                 report(PassReport::Failed(&error));
                 Some(delay)

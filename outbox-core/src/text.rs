@@ -16,6 +16,77 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// The user info of `url`, taken out: the URL without it, the user name and the password, both
+/// percent-decoded. Adapters hand credentials to their client apart from the URL, because clients log
+/// the URL they connect to (SeaORM in a trace span, async-nats at debug level).
+pub fn split_credentials(url: &str) -> (String, Option<(String, Option<String>)>) {
+    let Some((scheme, rest)) = url.split_once("://") else { return (url.to_owned(), None) };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else { return (url.to_owned(), None) };
+    let decode = |text: &str| percent_encoding::percent_decode_str(text).decode_utf8_lossy().into_owned();
+    let (user, password) = match userinfo.split_once(':') {
+        Some((user, password)) => (decode(user), Some(decode(password))),
+        None => (decode(userinfo), None),
+    };
+    (format!("{scheme}://{host}{tail}"), Some((user, password)))
+}
+
+/// `text` (an error message, a log line) with every credential it carries replaced by `***`: the user
+/// info of each URL in it (`amqp://guest:secret@host` → `amqp://***@host`) and the value of every
+/// `password=`/`pwd=`/`passwd=` setting (`host=db password=secret` → `host=db password=***`). Publisher
+/// errors pass through it before they reach `last_error` or a log.
+pub fn redact_secrets(text: &str) -> String {
+    let ends_authority = |c: char| {
+        matches!(c, '/' | '?' | '#' | '"' | '\'' | '`' | '<' | '>' | ')' | ']' | ',' | ';') || c.is_whitespace()
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail.find(ends_authority).unwrap_or(tail.len());
+        let (authority, after) = tail.split_at(end);
+        match authority.rfind('@') {
+            Some(user_end) if user_end > 0 => {
+                out.push_str("***");
+                out.push_str(&authority[user_end..]);
+            }
+            _ => out.push_str(authority),
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    redact_password_settings(&out)
+}
+
+/// `password=…` style settings (libpq connection strings, query parameters) with their values hidden.
+fn redact_password_settings(text: &str) -> String {
+    const KEYS: [&str; 4] = ["password", "passwd", "pwd", "pass"];
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    let mut from = 0;
+    while let Some(found) = lower[from..].find('=').map(|i| from + i) {
+        from = found + 1;
+        let key_start = lower[..found].rfind(|c: char| !c.is_ascii_alphanumeric() && c != '_').map_or(0, |i| i + 1);
+        if !KEYS.contains(&lower[key_start..found].trim_start_matches('_')) {
+            continue;
+        }
+        let value_end = text[from..]
+            .find(|c: char| matches!(c, '&' | ';' | '"' | '\'' | ',') || c.is_whitespace())
+            .map_or(text.len(), |i| from + i);
+        if value_end > from {
+            out.push_str(&text[copied..from]);
+            out.push_str("***");
+            copied = value_end;
+            from = value_end;
+        }
+    }
+    out.push_str(&text[copied..]);
+    out
+}
+
 /// `text` with control characters escaped (`\n` → `\\n`, NUL → `\\u{0}`), so a value from a message can
 /// never forge a log line or break a header.
 pub fn one_line(text: &str) -> String {
@@ -47,6 +118,36 @@ mod tests {
         assert_eq!(redact_url("nats://host:4222"), "nats://host:4222");
         assert_eq!(redact_url("user:secret@host:4222"), "***@host:4222");
         assert_eq!(redact_url("amqp://guest:p@ss@h:5672/%2f"), "amqp://***@h:5672/%2f");
+    }
+
+    #[test]
+    fn credentials_are_split_from_urls_and_decoded() {
+        let (url, credentials) = split_credentials("postgres://app:p%40ss%3Aw@db:5432/x?sslmode=require");
+        assert_eq!(url, "postgres://db:5432/x?sslmode=require");
+        assert_eq!(credentials, Some(("app".to_owned(), Some("p@ss:w".to_owned()))));
+        assert_eq!(split_credentials("nats://token@h:4222").1, Some(("token".to_owned(), None)));
+        assert_eq!(split_credentials("nats://h:4222"), ("nats://h:4222".to_owned(), None));
+        assert_eq!(split_credentials("sqlite:///tmp/a@b.db"), ("sqlite:///tmp/a@b.db".to_owned(), None));
+    }
+
+    #[test]
+    fn secrets_inside_free_text_are_hidden() {
+        let message = "connect to amqp://guest:s3cret@rabbit:5672/%2f failed; retrying nats://n:pw@h:4222, \
+                       and redis://h:6379 has none";
+        assert_eq!(
+            redact_secrets(message),
+            "connect to amqp://***@rabbit:5672/%2f failed; retrying nats://***@h:4222, \
+                       and redis://h:6379 has none"
+        );
+        assert_eq!(redact_secrets("(postgres://u:p@ss@db/app)"), "(postgres://***@db/app)");
+        assert_eq!(redact_secrets("host=db user=u password=s3cret dbname=x"), "host=db user=u password=*** dbname=x");
+        assert_eq!(
+            redact_secrets("mysql://h/db?user=u&PASSWORD=s3cret&ssl=1"),
+            "mysql://h/db?user=u&PASSWORD=***&ssl=1"
+        );
+        assert_eq!(redact_secrets("no secrets: a=b, compass=north"), "no secrets: a=b, compass=north");
+        assert_eq!(redact_secrets("ends with password="), "ends with password=");
+        assert_eq!(redact_secrets("ünïcode://ü:ß@h"), "ünïcode://***@h");
     }
 
     #[test]

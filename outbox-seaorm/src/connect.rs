@@ -1,24 +1,36 @@
 //! Opening a database for the outbox from a URL.
 
-#[cfg(feature = "sqlx-sqlite")]
 use std::time::Duration;
 
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
 
 use crate::error::{Error, Result};
 
+/// How long [`connect`] waits for a connection before failing: a refused port or an unreachable host fails
+/// in this time instead of sqlx's 30 s. SeaORM applies it as the pool's acquire timeout, so it also bounds
+/// how long a query waits for a free pooled connection; raise it with [`connect_with`]
+/// (`options.connect_timeout(..)`).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The URL schemes this crate supports.
 pub const SUPPORTED_SCHEMES: [&str; 5] = ["postgres", "postgresql", "mysql", "mariadb", "sqlite"];
 
 /// Connects to `url` (`postgres://`, `mysql://`, `mariadb://` or `sqlite:`), rejecting other schemes with
 /// a typed error before any connection is attempted. SQLite connections wait up to 10 s for the write lock
-/// instead of failing with `database is locked`.
+/// instead of failing with `database is locked`. A server that does not answer fails after
+/// [`DEFAULT_CONNECT_TIMEOUT`].
+///
+/// The password never appears in an error or a log: it is handed to the driver apart from the URL (SeaORM
+/// records the URL it is given in a trace-level span), and an error that repeats the URL shows it as
+/// `***@host`.
 pub async fn connect(url: &str) -> Result<DatabaseConnection> {
     connect_with(url, |_| {}).await
 }
 
 /// Like [`connect`], with SeaORM's pool options adjusted by `configure` before connecting (timeouts, pool
-/// size, PostgreSQL schema):
+/// size, PostgreSQL schema). If `configure` maps the driver options itself
+/// (`map_sqlx_postgres_opts`, `map_sqlx_mysql_opts`), it replaces the mapping that carries the URL's
+/// password: set the password there too.
 ///
 /// ```no_run
 /// # async fn demo() -> outbox_seaorm::Result<()> {
@@ -45,8 +57,12 @@ pub async fn connect_with(url: &str, configure: impl FnOnce(&mut ConnectOptions)
     }
     let raw = url;
     let url = if scheme == "mariadb" { format!("mysql{}", &url["mariadb".len()..]) } else { url.to_owned() };
-    let mut options = ConnectOptions::new(url.clone());
-    options.sqlx_logging(false);
+    let (url_without_password, password) = split_password(&url);
+    let mut options = ConnectOptions::new(url_without_password);
+    options.sqlx_logging(false).connect_timeout(DEFAULT_CONNECT_TIMEOUT);
+    if let Some(password) = password {
+        pass_password(&mut options, &scheme, password);
+    }
     #[cfg(feature = "sqlx-sqlite")]
     if scheme == "sqlite" {
         options.map_sqlx_sqlite_opts(|opts| opts.busy_timeout(Duration::from_secs(10)));
@@ -62,6 +78,35 @@ pub async fn connect_with(url: &str, configure: impl FnOnce(&mut ConnectOptions)
         },
         source: Box::new(without_credentials(e, &[raw, &url])),
     })
+}
+
+/// `url` without the password of its user info, and the password, decoded.
+fn split_password(url: &str) -> (String, Option<String>) {
+    let (_, Some((_, Some(password)))) = outbox_runtime::split_credentials(url) else { return (url.to_owned(), None) };
+    // `scheme://user:secret@host…` → `scheme://user@host…`; the user name keeps its own encoding.
+    let Some((scheme, rest)) = url.split_once("://") else { return (url.to_owned(), None) };
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let (Some(at), Some(colon)) = (authority.rfind('@'), authority.find(':')) else { return (url.to_owned(), None) };
+    if colon > at {
+        return (url.to_owned(), None);
+    }
+    (format!("{scheme}://{}{}", &rest[..colon], &rest[at..]), Some(password))
+}
+
+/// Gives the driver `password` through its own options, where no span or error shows it.
+#[allow(unused_variables)]
+fn pass_password(options: &mut ConnectOptions, scheme: &str, password: String) {
+    match scheme {
+        #[cfg(feature = "sqlx-postgres")]
+        "postgres" | "postgresql" => {
+            options.map_sqlx_postgres_opts(move |opts| opts.password(&password));
+        }
+        #[cfg(feature = "sqlx-mysql")]
+        "mysql" | "mariadb" => {
+            options.map_sqlx_mysql_opts(move |opts| opts.password(&password));
+        }
+        _ => {}
+    }
 }
 
 /// `error` with any of `urls` in its text replaced by the URL without its credentials: SeaORM repeats a

@@ -91,7 +91,9 @@ fn group(row: &QueryResult, now_ms: i64) -> std::result::Result<GroupStats, DbEr
         name: row.try_get("", "name")?,
         pending: count(row, "pending")?,
         dead: count(row, "dead")?,
-        oldest_pending_seconds: oldest.map(|created| Ord::max(now_ms - created, 0) as u64 / 1000).unwrap_or(0),
+        oldest_pending_seconds: oldest
+            .map(|created| Ord::max(now_ms.saturating_sub(created), 0) as u64 / 1000)
+            .unwrap_or(0),
         max_attempts: int(row, "max_attempts")?,
     })
 }

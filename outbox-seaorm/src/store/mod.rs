@@ -132,7 +132,8 @@ impl OutboxStore for SeaOrmStore {
             ClaimMode::Transaction => Hold::Transaction(txn),
             ClaimMode::Lease { duration } => {
                 let token = Uuid::new_v4().to_string();
-                let until_ms = request.now.timestamp_millis().saturating_add(duration.as_millis() as i64);
+                let lease_ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+                let until_ms = request.now.timestamp_millis().saturating_add(lease_ms);
                 let mut lease = Query::update();
                 lease
                     .table(Entity)
@@ -168,7 +169,7 @@ impl OutboxStore for SeaOrmStore {
                 pending: get_i64("pending")? as u64,
                 dead: get_i64("dead")? as u64,
                 oldest_pending_seconds: oldest
-                    .map(|created| Ord::max(now.timestamp_millis() - created, 0) as u64 / 1000)
+                    .map(|created| Ord::max(now.timestamp_millis().saturating_sub(created), 0) as u64 / 1000)
                     .unwrap_or(0),
                 max_attempts: get_i64("max_attempts")
                     .or_else(|_| row.try_get::<i32>("", "max_attempts").map(i64::from))?

@@ -46,7 +46,14 @@ pub(super) fn connect_options() -> async_nats::ConnectOptions {
 /// Checks `url` is a `nats://` URL (or `tls://`/`ws://`/`wss://`, which async-nats also speaks) and connects.
 pub(super) async fn connect_client(url: &str, options: async_nats::ConnectOptions) -> Result<async_nats::Client> {
     let url = BrokerUrl::parse(url)?.expect(BrokerKind::Nats, "nats://host:4222")?;
-    options.connect(url.expose()).await.map_err(|e| Error::broker(BROKER, format!("connect to {url}"), e))
+    // async-nats logs the address it dials, password and all: credentials go in through the options.
+    let (address, credentials) = crate::text::split_credentials(url.expose());
+    let options = match credentials {
+        Some((user, Some(password))) => options.user_and_password(user, password),
+        Some((token, None)) => options.token(token),
+        None => options,
+    };
+    options.connect(address).await.map_err(|e| Error::broker(BROKER, format!("connect to {url}"), e))
 }
 
 /// Why `subject` is not a valid NATS publish subject, if it is not.
