@@ -9,9 +9,16 @@ use crate::error::{Error, Result};
 /// How the relay holds the rows it is publishing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ClaimMode {
-    /// Lock the claimed rows (`FOR UPDATE SKIP LOCKED`) in a transaction that stays open while the
-    /// publisher runs, then mark and commit. Fast; right for brokers that answer in milliseconds.
+    /// The default: [`Transaction`](ClaimMode::Transaction) where the database locks rows (PostgreSQL,
+    /// MySQL/MariaDB), and a [`Lease`](ClaimMode::Lease) of [`auto_lease`](ClaimMode::auto_lease) where a
+    /// transaction holds the database's only write lock (SQLite), so that the app's own writes never wait
+    /// for a broker. [`Relay::new`](crate::Relay::new) resolves it from
+    /// [`OutboxStore::claims_block_writers`](crate::OutboxStore::claims_block_writers).
     #[default]
+    Auto,
+    /// Lock the claimed rows (`FOR UPDATE SKIP LOCKED`) in a transaction that stays open while the
+    /// publisher runs, then mark and commit. Fast; right for brokers that answer in milliseconds. On SQLite
+    /// the transaction holds the database's write lock while the broker answers: business writes wait.
     Transaction,
     /// Stamp the rows with a lease token and expiry, commit, publish outside any transaction, then mark
     /// only rows whose token still matches. Right for slow destinations: no transaction stays open, and a
@@ -20,6 +27,23 @@ pub enum ClaimMode {
         /// How long a claim stays exclusive.
         duration: Duration,
     },
+}
+
+impl ClaimMode {
+    /// The lease [`ClaimMode::Auto`] takes where it leases: three publish timeouts, at least 30 s.
+    pub fn auto_lease(publish_timeout: Duration) -> Duration {
+        publish_timeout.saturating_mul(3).clamp(Duration::from_secs(30), MAX_LEASE)
+    }
+
+    /// `self` with [`ClaimMode::Auto`] decided for a store whose claims do (`true`) or do not block
+    /// writers.
+    pub fn resolve(self, claims_block_writers: bool, publish_timeout: Duration) -> ClaimMode {
+        match self {
+            ClaimMode::Auto if claims_block_writers => ClaimMode::Lease { duration: Self::auto_lease(publish_timeout) },
+            ClaimMode::Auto => ClaimMode::Transaction,
+            mode => mode,
+        }
+    }
 }
 
 /// What happens to the later events of an aggregate whose earlier event is dead.
@@ -97,7 +121,7 @@ impl Default for RelayConfig {
             batch_size: 100,
             max_attempts: 10,
             backoff: Backoff::default(),
-            claim_mode: ClaimMode::Transaction,
+            claim_mode: ClaimMode::Auto,
             dead_letters: DeadLetterPolicy::BlockAggregate,
             poll_interval: Duration::from_millis(500),
             publish_timeout: Duration::from_secs(10),
@@ -164,8 +188,11 @@ impl RelayConfig {
         }
         let attempts = self.max_attempts.max(1) as u32;
         total = total.saturating_add(self.publish_timeout.saturating_mul(attempts));
-        if let ClaimMode::Lease { duration } = self.claim_mode {
-            total = total.saturating_add(duration);
+        match self.claim_mode {
+            ClaimMode::Lease { duration } => total = total.saturating_add(duration),
+            // It may become a lease (SQLite).
+            ClaimMode::Auto => total = total.saturating_add(ClaimMode::auto_lease(self.publish_timeout)),
+            ClaimMode::Transaction => {}
         }
         total
     }
@@ -265,9 +292,12 @@ mod tests {
     #[test]
     fn the_redelivery_horizon_adds_every_capped_retry_delay_and_publish_timeout() {
         // 1+2+4+…+256 s for the nine retries of the defaults, plus ten publish timeouts of 10 s.
-        assert_eq!(RelayConfig::default().redelivery_horizon(), Duration::from_secs(511 + 100));
-        let capped = RelayConfig::default().with_max_attempts(12); // …, 256, 300, 300
+        let transaction = || RelayConfig::default().with_claim_mode(ClaimMode::Transaction);
+        assert_eq!(transaction().redelivery_horizon(), Duration::from_secs(511 + 100));
+        let capped = transaction().with_max_attempts(12); // …, 256, 300, 300
         assert_eq!(capped.redelivery_horizon(), Duration::from_secs(511 + 600 + 120));
+        // The default may lease (on SQLite): its 30 s lease counts.
+        assert_eq!(RelayConfig::default().redelivery_horizon(), Duration::from_secs(511 + 100 + 30));
         let huge = RelayConfig::default().with_max_attempts(i32::MAX);
         assert!(huge.redelivery_horizon() > Duration::from_secs(300 * 1_000_000), "and it returns at once");
         let lease = RelayConfig::default().with_claim_mode(ClaimMode::Lease { duration: Duration::from_secs(60) });
@@ -286,6 +316,18 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("claim_mode"), "{err}");
         RelayConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn auto_claims_lease_only_where_a_claim_would_block_writers() {
+        let timeout = Duration::from_secs(10);
+        assert_eq!(ClaimMode::Auto.resolve(false, timeout), ClaimMode::Transaction);
+        assert_eq!(ClaimMode::Auto.resolve(true, timeout), ClaimMode::Lease { duration: Duration::from_secs(30) });
+        let slow = ClaimMode::Auto.resolve(true, Duration::from_secs(60));
+        assert_eq!(slow, ClaimMode::Lease { duration: Duration::from_secs(180) });
+        assert_eq!(ClaimMode::Transaction.resolve(true, timeout), ClaimMode::Transaction, "an explicit choice stays");
+        let config = RelayConfig::default().with_claim_mode(slow).with_publish_timeout(Duration::from_secs(60));
+        config.validate().unwrap();
     }
 
     #[test]

@@ -47,7 +47,10 @@ pub struct Relay<S, P> {
 
 impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// A relay over `store` and `publisher`; fails if `config` is invalid.
-    pub fn new(store: S, publisher: P, config: RelayConfig) -> Result<Self> {
+    /// [`ClaimMode::Auto`](crate::ClaimMode::Auto) is decided here, for `store`: [`Relay::config`] shows
+    /// the mode in use.
+    pub fn new(store: S, publisher: P, mut config: RelayConfig) -> Result<Self> {
+        config.claim_mode = config.claim_mode.resolve(store.claims_block_writers(), config.publish_timeout);
         config.validate()?;
         Ok(Relay { store, publisher, config })
     }

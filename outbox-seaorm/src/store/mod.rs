@@ -129,7 +129,8 @@ impl OutboxStore for SeaOrmStore {
             });
         }
         let hold = match request.mode {
-            ClaimMode::Transaction => Hold::Transaction(txn),
+            // A caller that did not go through `Relay::new` (which resolves `Auto`).
+            ClaimMode::Transaction | ClaimMode::Auto => Hold::Transaction(txn),
             ClaimMode::Lease { duration } => {
                 let token = Uuid::new_v4().to_string();
                 let lease_ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
@@ -147,6 +148,10 @@ impl OutboxStore for SeaOrmStore {
         };
         tracing::debug!(claimed = events.len(), "outbox batch claimed");
         Ok(SeaOrmBatch { events, dead_on_claim, hints, last_versions, dead_letters, hold })
+    }
+
+    fn claims_block_writers(&self) -> bool {
+        self.backend() == DbBackend::Sqlite
     }
 
     async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats> {
