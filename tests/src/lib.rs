@@ -37,6 +37,19 @@ impl fmt::Display for TestDb {
 }
 
 impl TestDb {
+    /// Opens the database of a [`TestDb`] whose [`TestDb::url`] another process handed over (a child
+    /// process in a crash test).
+    pub async fn open(url: &str) -> TestDb {
+        let backend = match url.split(':').next() {
+            Some("postgres" | "postgresql") => DbBackend::Postgres,
+            Some("mysql" | "mariadb") => DbBackend::MySql,
+            _ => DbBackend::Sqlite,
+        };
+        let schema = url.rsplit('#').next().unwrap_or_default().to_owned();
+        let db = connect(url, backend, &schema).await.expect("open the test database");
+        TestDb { db, backend, url: url.to_owned() }
+    }
+
     /// Opens another pool on the same database (a second relay process, say).
     pub async fn reconnect(&self) -> DatabaseConnection {
         connect(&self.url, self.backend, &self.schema()).await.expect("reconnect")
