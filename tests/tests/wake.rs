@@ -13,8 +13,9 @@ use sea_orm::{DbErr, TransactionTrait};
 use serde::{Deserialize, Serialize};
 
 /// The relays' poll: a wake-up must beat it by an order of magnitude.
-const POLL: Duration = Duration::from_secs(2);
-const FAST: Duration = Duration::from_millis(200);
+const POLL: Duration = Duration::from_secs(10);
+/// An order of magnitude below the poll, with room for a loaded CI machine (typically 5-15 ms).
+const FAST: Duration = Duration::from_secs(1);
 
 /// A service over `t` with a [`POLL`]-second poll, started and idle (its first pass found nothing).
 async fn idle_service(t: &TestDb, broker: &InMemoryPublisher) -> OutboxService {
