@@ -53,6 +53,13 @@ async fn invalid_events_are_typed_errors_and_leave_no_rows(t: TestDb) {
         ("payload", Box::new(|| NewEvent::from_json("order", "o1", "order.placed", "{not json".to_owned()))),
         ("headers", Box::new(|| NewEvent::new("order", "o1", "t", &payload)?.with_header("", "v"))),
         ("serialize", Box::new(|| NewEvent::new("order", "o1", "order.placed", &unserializable()))),
+        ("payload", Box::new(|| NewEvent::new("order", "o1", "t", &serde_json::json!({"note": "a\0b"})))),
+        ("payload", Box::new(|| NewEvent::from_json("order", "o1", "t", r#"{"note":"\ud800"}"#.to_owned()))),
+        ("payload", Box::new(|| NewEvent::new("order", "o1", "t", &"a bare string"))),
+        ("payload", Box::new(|| NewEvent::new("order", "o1", "t", &[1, 2, 3]))),
+        ("headers", Box::new(|| NewEvent::new("order", "o1", "t", &payload)?.with_header("note", "a\0b"))),
+        ("headers", Box::new(|| NewEvent::new("order", "o1", "t", &payload)?.with_header("big", "x".repeat(2 << 20)))),
+        ("schema_version", Box::new(|| NewEvent::new("order", "o1", "t", &payload)?.with_schema_version(-1))),
     ];
     for (expected, build) in cases {
         let err = place_order(&t, build).await.expect_err("the event must be rejected");
@@ -70,6 +77,23 @@ async fn invalid_events_are_typed_errors_and_leave_no_rows(t: TestDb) {
     assert_eq!(count_table(&t, "orders").await, 0, "{t}: and the business change rolled back with it");
 }
 per_backend!(invalid_events_are_typed_errors_and_leave_no_rows, "bad_events_write_nothing");
+
+async fn a_rejected_event_leaves_the_callers_transaction_usable(t: TestDb) {
+    // PostgreSQL aborts a transaction on any failed statement: the checks run before any SQL, so the
+    // business change and a valid event still commit.
+    create_shop_tables(&t).await;
+    let txn = t.db.begin().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    txn.execute_unprepared("INSERT INTO orders (id, customer, total_minor) VALUES ('o1', 'ann', 4900)")
+        .await
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+    let nul = NewEvent::new("order", "o1", "order.placed", &serde_json::json!({"note": "a\0b"}));
+    assert!(matches!(nul, Err(Error::InvalidEvent { field: "payload", .. })), "{t}: {:?}", nul.err());
+    let good = NewEvent::new("order", "o1", "order.placed", &serde_json::json!({"note": "ab"})).expect("valid");
+    outbox_seaorm::enqueue(&txn, &good).await.unwrap_or_else(|e| panic!("{t}: the transaction is still usable: {e}"));
+    txn.commit().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((count_outbox(&t).await, count_table(&t, "orders").await), (1, 1), "{t}");
+}
+per_backend!(a_rejected_event_leaves_the_callers_transaction_usable, "bad_event_txn_usable");
 
 async fn events_at_every_size_limit_fit_their_columns_and_round_trip(t: TestDb) {
     // Multi-byte characters: the limits are bytes, so these hold fewer characters than the columns do.
@@ -130,6 +154,13 @@ async fn a_relay_with_out_of_range_settings_is_never_created(t: TestDb) {
     assert_rejected(&t, RelayConfig::default().with_poll_interval(Duration::ZERO), "poll_interval");
     let short_lease = ClaimMode::Lease { duration: Duration::from_secs(5) };
     assert_rejected(&t, RelayConfig::default().with_claim_mode(short_lease), "claim_mode");
+    // What once passed validation and then misbehaved: a lease that wrapped to an expired one, an uncapped
+    // backoff whose 51st delay overflowed the clock.
+    let endless_lease = ClaimMode::Lease { duration: Duration::MAX };
+    assert_rejected(&t, RelayConfig::default().with_claim_mode(endless_lease), "claim_mode");
+    let uncapped = outbox_seaorm::Backoff { initial: Duration::from_secs(1), max: Duration::MAX, multiplier: 2 };
+    assert_rejected(&t, RelayConfig::default().with_backoff(uncapped), "backoff");
+    assert_rejected(&t, RelayConfig::default().with_publish_timeout(Duration::MAX), "publish_timeout");
     // Nothing was claimed or touched.
     let stats = SeaOrmStore::new(t.db.clone()).stats(chrono::Utc::now()).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     assert_eq!((stats.pending, stats.max_attempts), (1, 0), "{t}: {stats:?}");
