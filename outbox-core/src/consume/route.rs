@@ -113,14 +113,15 @@ impl<E: DomainEvent, H: EventHandler<E>> Route for Typed<E, H> {
             let received = Received { event, envelope, delivery };
             match std::panic::AssertUnwindSafe(self.handler.handle(received)).catch_unwind().await {
                 Ok(Ok(handled)) => Attempt::Done(handled),
-                Ok(Err(error)) => Attempt::Failed(error_chain(&*error)),
+                // Handler errors reach logs and dead-letter headers: credentials in them never do.
+                Ok(Err(error)) => Attempt::Failed(crate::text::redact_secrets(&error_chain(&*error))),
                 Err(panic) => {
                     let message = panic
                         .downcast_ref::<&str>()
                         .map(|s| (*s).to_owned())
                         .or_else(|| panic.downcast_ref::<String>().cloned())
                         .unwrap_or_else(|| "a non-string panic".to_owned());
-                    Attempt::Failed(format!("the handler panicked: {message}"))
+                    Attempt::Failed(crate::text::redact_secrets(&format!("the handler panicked: {message}")))
                 }
             }
         })
