@@ -70,7 +70,7 @@ mod store;
 #[path = "private.rs"]
 pub mod __private;
 
-pub use connect::{SUPPORTED_SCHEMES, connect, connect_with};
+pub use connect::{DEFAULT_CONNECT_TIMEOUT, SUPPORTED_SCHEMES, connect, connect_with};
 pub use connection::OutboxConnection;
 pub use enqueue::{enqueue, enqueue_all, notify_committed};
 pub use error::InboxError;

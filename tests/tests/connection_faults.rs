@@ -169,7 +169,7 @@ async fn one_transaction_of_100k_events_is_published_in_order_a_batch_at_a_time(
     const EVENTS: usize = 100_000;
     const AGGREGATES: usize = 10;
     let txn = t.db.begin().await.unwrap_or_else(|e| panic!("{t}: {e}"));
-    let mut versions = vec![0i64; AGGREGATES];
+    let mut versions = [0i64; AGGREGATES];
     for chunk in (0..EVENTS).collect::<Vec<_>>().chunks(5_000) {
         let events: Vec<NewEvent> = chunk
             .iter()

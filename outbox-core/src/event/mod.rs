@@ -46,8 +46,7 @@ pub trait DomainEvent: Serialize + DeserializeOwned + Send + Sync + 'static {
 
     /// The outbox envelope for this event.
     fn to_new_event(&self) -> Result<NewEvent> {
-        Ok(NewEvent::new(Self::AGGREGATE_TYPE, self.aggregate_id(), Self::NAME, self)?
-            .with_schema_version(Self::VERSION)?)
+        NewEvent::new(Self::AGGREGATE_TYPE, self.aggregate_id(), Self::NAME, self)?.with_schema_version(Self::VERSION)
     }
 
     /// Decodes a claimed or received envelope: checks the name and version first, so an unknown event
