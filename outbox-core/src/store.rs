@@ -203,6 +203,10 @@ impl<S: OutboxStore> OutboxStore for Arc<S> {
         (**self).claim(request)
     }
 
+    fn claims_block_writers(&self) -> bool {
+        (**self).claims_block_writers()
+    }
+
     fn stats(&self, now: DateTime<Utc>) -> impl Future<Output = Result<OutboxStats>> + Send {
         (**self).stats(now)
     }

@@ -36,6 +36,10 @@ async fn business_writes_never_wait_for_a_hung_broker(t: TestDb) {
     } else {
         assert_eq!(relay.config().claim_mode, ClaimMode::Transaction, "{t}: row locks elsewhere");
     }
+    // A shared store (as `OutboxService` holds it) decides the same way.
+    let shared =
+        Relay::new(std::sync::Arc::new(SeaOrmStore::new(t.db.clone())), broker.clone(), RelayConfig::default());
+    assert_eq!(shared.expect("config").config().claim_mode, relay.config().claim_mode, "{t}");
     let stop = CancellationToken::new();
     let running = tokio::spawn({
         let stop = stop.clone();
