@@ -482,7 +482,7 @@ mod tests {
         };
         let err = config.validate().unwrap_err().to_string();
         assert!(err.contains("`cleanup.inbox_retention` is 300s"), "{err}");
-        assert!(err.contains("redelivery horizon of 611s"), "{err}");
+        assert!(err.contains("redelivery horizon of 641s"), "{err}"); // 611 s and the 30 s lease SQLite may take
         assert!(err.contains("processed twice"), "{err}");
         let days = ServiceConfig {
             cleanup: Some(CleanupConfig::default().with_inbox_retention(Duration::from_secs(86_400))),
