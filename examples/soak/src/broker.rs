@@ -13,7 +13,7 @@
 use outbox_seaorm::brokers::BrokerKind;
 use outbox_seaorm::brokers::kafka::{KafkaPublisher, KafkaTransport, Subscription};
 use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport};
-use outbox_seaorm::brokers::rabbitmq::{RabbitPublisher, RabbitTransport};
+use outbox_seaorm::brokers::rabbitmq::{DEFAULT_DEAD_LETTER_SUFFIX, RabbitPublisher, RabbitTransport};
 use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport};
 use outbox_seaorm::{
     BoxError, CancellationToken, Consumer, ConsumerConfig, Destination, InboxOutcome, OutboxEvent, PublishError,
@@ -139,11 +139,26 @@ pub async fn connect_publisher(url: &str, run_id: &str, setup: bool) -> Result<A
     })
 }
 
-/// Records a delivery and applies `event` through the inbox; the effect row commits with the inbox row.
-async fn deliver_and_apply(txn: &DatabaseTransaction, event_id: &str, aggregate_id: &str, version: i64) -> Result<bool, BoxError> {
-    let backend = txn.get_database_backend();
-    txn.execute_raw(statement(backend, "INSERT INTO soak_deliveries (event_id) VALUES (?)", vec![event_id.into()])).await?;
-    apply(txn, event_id, aggregate_id, version).await
+/// Removes the run's NATS stream or RabbitMQ exchange and queues. A Redis stream key (`soak_<run>`, and
+/// `soak_<run>:dead`) and a Kafka topic stay: their adapters have no delete.
+pub async fn remove_topology(url: &str, run_id: &str) -> Result<(), SoakError> {
+    let names = Names::of(run_id);
+    match connect_publisher(url, run_id, false).await? {
+        AnyPublisher::Nats(publisher) => {
+            publisher
+                .jetstream()
+                .delete_stream(&names.name)
+                .await
+                .map_err(|e| SoakError::Usage(format!("delete NATS stream {}: {e}", names.name)))?;
+        }
+        AnyPublisher::Rabbit(publisher) => {
+            publisher.delete_queue(&names.name).await?;
+            publisher.delete_queue(&format!("{}{DEFAULT_DEAD_LETTER_SUFFIX}", names.name)).await?;
+            publisher.delete_exchange(&names.name).await?;
+        }
+        AnyPublisher::Kafka(_) | AnyPublisher::Redis(_) => {}
+    }
+    Ok(())
 }
 
 /// The handler: one `soak_applied` row per event, at most once per event id (the inbox).
@@ -219,8 +234,12 @@ pub async fn consume_table(db: DatabaseConnection, lane: i32, stop: Cancellation
 /// Deliveries, effects and the consumed marks of one batch, in one transaction.
 async fn consume_batch(db: &DatabaseConnection, batch: &[(i64, String, String, i64)]) -> Result<(), BoxError> {
     let txn = db.begin().await?;
+    let backend = txn.get_database_backend();
+    let deliveries: Vec<Value> = batch.iter().map(|(_, event_id, ..)| event_id.clone().into()).collect();
+    let sql = format!("INSERT INTO soak_deliveries (event_id) VALUES {}", placeholders(deliveries.len(), 1));
+    txn.execute_raw(statement(backend, &sql, deliveries)).await?;
     for (_, event_id, aggregate_id, version) in batch {
-        deliver_and_apply(&txn, event_id, aggregate_id, *version).await?;
+        apply(&txn, event_id, aggregate_id, *version).await?;
     }
     let ids: Vec<Value> = batch.iter().map(|(id, ..)| (*id).into()).collect();
     let sql = format!("UPDATE soak_broker SET consumed = 1 WHERE id IN ({})", vec!["?"; ids.len()].join(", "));

@@ -165,7 +165,7 @@ pub async fn create_tables(db: &DatabaseConnection) -> Result<(), SoakError> {
             "CREATE TABLE soak_broker (id {serial}, event_id VARCHAR(36) NOT NULL, aggregate_id VARCHAR(64) NOT NULL, \
              aggregate_version BIGINT NOT NULL, lane INT NOT NULL, consumed INT NOT NULL DEFAULT 0)"
         ),
-        "CREATE INDEX soak_broker_lane ON soak_broker (lane, consumed, id)".to_owned(),
+        "CREATE INDEX soak_broker_unconsumed ON soak_broker (consumed, lane, id)".to_owned(),
         format!("CREATE TABLE soak_deliveries (id {serial}, event_id VARCHAR(36) NOT NULL)"),
         format!(
             "CREATE TABLE soak_applied (id {serial}, event_id VARCHAR(36) NOT NULL, aggregate_id VARCHAR(64) NOT NULL, \
@@ -196,7 +196,7 @@ pub async fn count(db: &DatabaseConnection, sql: &str) -> Result<u64, SoakError>
 pub struct Progress {
     /// Events committed.
     pub committed: u64,
-    /// Distinct events applied.
+    /// Effects applied.
     pub applied: u64,
     /// Outbox rows not yet published and not dead.
     pub unpublished: u64,
@@ -208,7 +208,7 @@ pub struct Progress {
 pub async fn progress(db: &DatabaseConnection) -> Result<Progress, SoakError> {
     Ok(Progress {
         committed: count(db, "SELECT COUNT(*) FROM soak_events").await?,
-        applied: count(db, "SELECT COUNT(DISTINCT event_id) FROM soak_applied").await?,
+        applied: count(db, "SELECT COUNT(*) FROM soak_applied").await?,
         unpublished: count(db, "SELECT COUNT(*) FROM outbox_events WHERE published_at_ms IS NULL AND dead_at_ms IS NULL").await?,
         unconsumed: count(db, "SELECT COUNT(*) FROM soak_broker WHERE consumed = 0").await?,
     })

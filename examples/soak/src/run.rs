@@ -12,7 +12,7 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::broker::{connect_publisher, consume_broker, consume_table};
+use crate::broker::{connect_publisher, consume_broker, consume_table, remove_topology};
 use crate::db::{Progress, Target, connect, count, create_tables, progress, read_history};
 use crate::writer::{Plan, write};
 use crate::{SoakArgs, SoakError};
@@ -31,8 +31,15 @@ pub async fn soak(args: SoakArgs) -> Result<bool, SoakError> {
     let result = soak_in(&args, &target, &run_id).await;
     if args.keep {
         eprintln!("soak: kept {}", target.describe());
-    } else if let Err(e) = target.remove().await {
-        eprintln!("soak: could not remove the run's database: {e}");
+    } else {
+        if let Err(e) = target.remove().await {
+            eprintln!("soak: could not remove the run's database: {e}");
+        }
+        if let Some(url) = &args.broker
+            && let Err(e) = remove_topology(url, &run_id).await
+        {
+            eprintln!("soak: could not remove the run's broker topology: {e}");
+        }
     }
     result
 }
@@ -213,8 +220,9 @@ async fn soak_in(args: &SoakArgs, target: &Target, run_id: &str) -> Result<bool,
     let kill_every = args.kill_relay_every.map(Duration::from_secs_f64);
     let mut next_kill = kill_every.map(|every| Instant::now() + every);
     let mut next_victim = 0usize;
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut last_report = Instant::now();
+    let mut last_progress = Instant::now();
     let mut writing_ended: Option<Instant> = None;
     let mut last_change = (Instant::now(), Progress::default());
     let interrupted = tokio::signal::ctrl_c();
@@ -253,6 +261,12 @@ async fn soak_in(args: &SoakArgs, target: &Target, run_id: &str) -> Result<bool,
                     next_victim += 1;
                     next_kill = Some(at + every);
                 }
+                // Counting is not free on a large run: every 5 s while writing, every second while draining.
+                let due = if writing_ended.is_some() { Duration::from_secs(1) } else { Duration::from_secs(5) };
+                if last_progress.elapsed() < due {
+                    continue;
+                }
+                last_progress = Instant::now();
                 let now = match progress(&db).await {
                     Ok(now) => now,
                     Err(e) => {
@@ -260,7 +274,7 @@ async fn soak_in(args: &SoakArgs, target: &Target, run_id: &str) -> Result<bool,
                         continue;
                     }
                 };
-                if last_report.elapsed() >= Duration::from_secs(5) {
+                if last_report.elapsed() >= Duration::from_millis(4900) {
                     last_report = Instant::now();
                     eprintln!(
                         "soak: {:>5.0}s committed {} applied {} unpublished {} unconsumed {} relays killed {}",

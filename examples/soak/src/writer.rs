@@ -72,7 +72,7 @@ pub async fn write(db: DatabaseConnection, plan: Arc<Plan>, stop: CancellationTo
         }
         if let Some(rate) = plan.rate {
             let due = plan.started + Duration::from_secs_f64(n as f64 * f64::from(plan.events_per_order) / rate);
-            if plan.deadline.is_some_and(|deadline| due >= deadline) {
+            if plan.deadline.is_some_and(|deadline| due >= deadline || Instant::now() >= deadline) {
                 return Ok(());
             }
             tokio::time::sleep_until(due).await;
