@@ -132,15 +132,15 @@ pub use error::{BoxError, Error, Result};
 #[cfg(feature = "schemars")]
 pub use event::event_json_schema;
 pub use event::{DomainEvent, EventSchema, FieldSchema, PayloadSchema, verify_events_lock, verify_events_lock_all};
-#[cfg(feature = "testkit")]
-#[doc(no_inline)]
-pub use testkit::FaultyPublisher;
 pub use inbox::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 pub use memory::InMemoryPublisher;
 pub use publisher::{PublishError, Publisher};
 pub use relay::{Relay, RelayPass};
 pub use service::{CLEANUP_LOCK, CleanupConfig, Health, OutboxService, OutboxServiceBuilder, ServiceConfig};
 pub use store::{BatchOutcome, ClaimRequest, ClaimedBatch, Failure, MarkReport, OutboxStats, OutboxStore, StoreLock};
+#[cfg(feature = "testkit")]
+#[doc(no_inline)]
+pub use testkit::FaultyPublisher;
 pub use wake::wake_relays;
 
 pub use text::{one_line, redact_url, truncate};

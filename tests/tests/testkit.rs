@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{CAP, after, count_inbox, count_table, create_shop_tables, event, fast_config, insert_invoice, outbox_row};
+use common::{
+    CAP, after, count_inbox, count_table, create_shop_tables, event, fast_config, insert_invoice, outbox_row,
+};
 use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::testkit::{FaultyPublisher, History, HistoryReport, Recorded, Reorder};
 use outbox_seaorm::{InMemoryPublisher, InboxOutcome, NewEvent, OutboxStore, Relay, SeaOrmStore};
@@ -92,7 +94,8 @@ async fn a_broker_that_drops_an_event_is_reported_lost_though_the_outbox_marked_
     let broker = InMemoryPublisher::new();
     let faulty = FaultyPublisher::new(broker.clone());
     faulty.drop_next(1);
-    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), faulty, fast_config()).unwrap_or_else(|e| panic!("{t}: {e}"));
+    let relay =
+        Relay::new(SeaOrmStore::new(t.db.clone()), faulty, fast_config()).unwrap_or_else(|e| panic!("{t}: {e}"));
     drain(&t, &relay).await;
     assert_eq!(common::count_published(&t).await, 5, "{t}: the relay cannot see the loss");
     bill_everything(&t, &broker, &history).await;
@@ -115,7 +118,8 @@ async fn a_broker_that_lets_an_aggregates_next_event_overtake_is_an_order_violat
     let broker = InMemoryPublisher::new();
     let faulty = FaultyPublisher::new(broker.clone());
     faulty.hold_back_next(1); // o1 v1 is confirmed but reaches the broker after v2
-    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), faulty, fast_config()).unwrap_or_else(|e| panic!("{t}: {e}"));
+    let relay =
+        Relay::new(SeaOrmStore::new(t.db.clone()), faulty, fast_config()).unwrap_or_else(|e| panic!("{t}: {e}"));
     drain(&t, &relay).await;
     let versions: Vec<i64> = broker.received().iter().map(|e| e.aggregate_version).collect();
     assert_eq!(versions, [2, 1], "{t}");
@@ -125,7 +129,4 @@ async fn a_broker_that_lets_an_aggregates_next_event_overtake_is_an_order_violat
     assert_eq!((report.lost, report.applied_twice, report.order_violations), (0, 0, 1), "{t}: {report}");
     assert_eq!(count_table(&t, "invoices").await, 2, "{t}");
 }
-per_backend!(
-    a_broker_that_lets_an_aggregates_next_event_overtake_is_an_order_violation,
-    "testkit_order_violation"
-);
+per_backend!(a_broker_that_lets_an_aggregates_next_event_overtake_is_an_order_violation, "testkit_order_violation");

@@ -120,22 +120,28 @@ pub async fn connect_publisher(url: &str, run_id: &str, setup: bool) -> Result<A
     let names = Names::of(run_id);
     Ok(match BrokerKind::from_url(url)? {
         BrokerKind::Nats => {
-            let publisher = NatsPublisher::connect(url, Destination::parse(&format!("{}.{{event_type}}", names.name))?).await?;
+            let publisher =
+                NatsPublisher::connect(url, Destination::parse(&format!("{}.{{event_type}}", names.name))?).await?;
             if setup {
                 publisher.ensure_stream(&names.name, &[&names.nats_subjects()]).await?;
             }
             AnyPublisher::Nats(Box::new(publisher))
         }
-        BrokerKind::Kafka => AnyPublisher::Kafka(Box::new(KafkaPublisher::connect(url, Destination::parse(&names.name)?, &[])?)),
+        BrokerKind::Kafka => {
+            AnyPublisher::Kafka(Box::new(KafkaPublisher::connect(url, Destination::parse(&names.name)?, &[])?))
+        }
         BrokerKind::RabbitMq => {
-            let publisher = RabbitPublisher::connect(url, &names.name, Destination::parse("soak.{event_type}")?).await?;
+            let publisher =
+                RabbitPublisher::connect(url, &names.name, Destination::parse("soak.{event_type}")?).await?;
             if setup {
                 publisher.declare_exchange(&names.name).await?;
                 publisher.declare_queue(&names.name, &names.name, "soak.#").await?;
             }
             AnyPublisher::Rabbit(Box::new(publisher))
         }
-        BrokerKind::Redis => AnyPublisher::Redis(Box::new(RedisPublisher::connect(url, Destination::parse(&names.name)?).await?)),
+        BrokerKind::Redis => {
+            AnyPublisher::Redis(Box::new(RedisPublisher::connect(url, Destination::parse(&names.name)?).await?))
+        }
     })
 }
 
@@ -222,7 +228,9 @@ pub async fn consume_table(db: DatabaseConnection, lane: i32, stop: Cancellation
                 failures += 1;
                 tracing::warn!(lane, error = %e, "soak consumer: batch rolled back; retrying");
                 if failures > 50 {
-                    return Err(SoakError::Usage(format!("consumer {lane}: 50 batches in a row failed, the last: {e}")));
+                    return Err(SoakError::Usage(format!(
+                        "consumer {lane}: 50 batches in a row failed, the last: {e}"
+                    )));
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
@@ -258,18 +266,21 @@ pub async fn consume_broker(
 ) -> Result<(), SoakError> {
     let names = Names::of(run_id);
     let config = ConsumerConfig::default().with_concurrency(consumers.max(1) as usize);
-    let consumer = Consumer::new(CONSUMER)?.with_config(config)?.on::<SoakEvent>(move |received: Received<SoakEvent>| {
-        let db = db.clone();
-        async move {
-            let envelope = &received.envelope;
-            let event_id = envelope.id.to_string();
-            let delivery = statement(db.get_database_backend(), "INSERT INTO soak_deliveries (event_id) VALUES (?)", vec![
-                event_id.clone().into(),
-            ]);
-            db.execute_raw(delivery).await?;
-            apply(&db, &event_id, &envelope.aggregate_id, envelope.aggregate_version).await.map(|_| ())
-        }
-    });
+    let consumer =
+        Consumer::new(CONSUMER)?.with_config(config)?.on::<SoakEvent>(move |received: Received<SoakEvent>| {
+            let db = db.clone();
+            async move {
+                let envelope = &received.envelope;
+                let event_id = envelope.id.to_string();
+                let delivery = statement(
+                    db.get_database_backend(),
+                    "INSERT INTO soak_deliveries (event_id) VALUES (?)",
+                    vec![event_id.clone().into()],
+                );
+                db.execute_raw(delivery).await?;
+                apply(&db, &event_id, &envelope.aggregate_id, envelope.aggregate_version).await.map(|_| ())
+            }
+        });
     match BrokerKind::from_url(url)? {
         BrokerKind::Nats => {
             let transport = NatsTransport::connect(url, &names.name, CONSUMER, None).await?;

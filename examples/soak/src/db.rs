@@ -209,7 +209,11 @@ pub async fn progress(db: &DatabaseConnection) -> Result<Progress, SoakError> {
     Ok(Progress {
         committed: count(db, "SELECT COUNT(*) FROM soak_events").await?,
         applied: count(db, "SELECT COUNT(*) FROM soak_applied").await?,
-        unpublished: count(db, "SELECT COUNT(*) FROM outbox_events WHERE published_at_ms IS NULL AND dead_at_ms IS NULL").await?,
+        unpublished: count(
+            db,
+            "SELECT COUNT(*) FROM outbox_events WHERE published_at_ms IS NULL AND dead_at_ms IS NULL",
+        )
+        .await?,
         unconsumed: count(db, "SELECT COUNT(*) FROM soak_broker WHERE consumed = 0").await?,
     })
 }

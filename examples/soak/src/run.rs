@@ -87,9 +87,22 @@ struct Relays<'a> {
 }
 
 impl<'a> Relays<'a> {
-    fn start(args: &'a SoakArgs, target: &'a Target, run_id: &'a str, lease: Option<Duration>) -> Result<Self, SoakError> {
-        let mut relays =
-            Relays { args, target, run_id, lease, children: Vec::new(), incarnations: 0, kills: 0, unexpected_exits: 0 };
+    fn start(
+        args: &'a SoakArgs,
+        target: &'a Target,
+        run_id: &'a str,
+        lease: Option<Duration>,
+    ) -> Result<Self, SoakError> {
+        let mut relays = Relays {
+            args,
+            target,
+            run_id,
+            lease,
+            children: Vec::new(),
+            incarnations: 0,
+            kills: 0,
+            unexpected_exits: 0,
+        };
         for _ in 0..args.relays {
             let child = relays.spawn()?;
             relays.children.push(child);
@@ -143,7 +156,9 @@ impl<'a> Relays<'a> {
                 self.unexpected_exits += 1;
                 eprintln!("soak: relay {index} exited by itself ({status}); restarting it");
                 if self.unexpected_exits > 20 {
-                    return Err(SoakError::Usage("relays exited by themselves 20 times; see their errors above".into()));
+                    return Err(SoakError::Usage(
+                        "relays exited by themselves 20 times; see their errors above".into(),
+                    ));
                 }
                 self.children[index] = self.spawn()?;
             }

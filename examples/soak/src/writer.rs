@@ -79,7 +79,8 @@ pub async fn write(db: DatabaseConnection, plan: Arc<Plan>, stop: CancellationTo
         } else if plan.deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             return Ok(());
         }
-        let rollback = StdRng::seed_from_u64(plan.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).random_bool(plan.rollback_rate);
+        let rollback =
+            StdRng::seed_from_u64(plan.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).random_bool(plan.rollback_rate);
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -111,11 +112,11 @@ async fn write_order(db: &DatabaseConnection, plan: &Plan, n: u64, rollback: boo
         .collect::<Result<_, _>>()?;
     let backend = db.get_database_backend();
     let txn = db.begin().await.map_err(SoakError::db(format!("order {n}: begin")))?;
-    let order = statement(backend, "INSERT INTO soak_orders (order_no, aggregate_id, line_count) VALUES (?, ?, ?)", vec![
-        order_no.into(),
-        account.clone().into(),
-        i64::from(plan.events_per_order).into(),
-    ]);
+    let order = statement(
+        backend,
+        "INSERT INTO soak_orders (order_no, aggregate_id, line_count) VALUES (?, ?, ?)",
+        vec![order_no.into(), account.clone().into(), i64::from(plan.events_per_order).into()],
+    );
     txn.execute_raw(order).await.map_err(SoakError::db(format!("order {n}: insert soak_orders")))?;
     if !events.is_empty() {
         let mut values: Vec<Value> = Vec::with_capacity(events.len() * 3);
@@ -128,7 +129,9 @@ async fn write_order(db: &DatabaseConnection, plan: &Plan, n: u64, rollback: boo
             "INSERT INTO soak_events (event_id, order_no, aggregate_id) VALUES {}",
             placeholders(events.len(), 3)
         );
-        txn.execute_raw(statement(backend, &sql, values)).await.map_err(SoakError::db(format!("order {n}: insert soak_events")))?;
+        txn.execute_raw(statement(backend, &sql, values))
+            .await
+            .map_err(SoakError::db(format!("order {n}: insert soak_events")))?;
     }
     outbox_seaorm::enqueue_all(&txn, &events).await?;
     if rollback {

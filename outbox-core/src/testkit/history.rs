@@ -170,7 +170,11 @@ pub fn check(committed: &[Recorded], delivered: &[EventId], applied: &[Recorded]
         *times += 1;
         if *times == 2 {
             applied_twice += 1;
-            examples("applied twice", applied_twice, format!("{} ({} v{})", effect.id, effect.aggregate, effect.version));
+            examples(
+                "applied twice",
+                applied_twice,
+                format!("{} ({} v{})", effect.id, effect.aggregate, effect.version),
+            );
         }
         if *times > 1 {
             continue;
