@@ -14,6 +14,8 @@
 //!   shutdown that leaves nothing claimed; [`wake_relays`] starts an idle relay at once after a commit.
 //! - [`OutboxStore`]: what a database must provide (`outbox-seaorm` implements it for SeaORM).
 //! - [`Publisher`]: what a broker adapter must provide; [`InMemoryPublisher`] for tests.
+//! - `testkit` (feature `testkit`): a fault-injecting publisher and a history checker, to prove an app's
+//!   handlers apply every committed event once, in order per aggregate, while the broker misbehaves.
 //!
 //! ## Ordering
 //! A store claims only the oldest unpublished event of each aggregate, so an event is never published while
@@ -29,12 +31,14 @@ pub mod consume;
 mod envelope;
 mod error;
 mod event;
-mod faults;
 mod inbox;
 mod memory;
 mod publisher;
 mod relay;
 pub mod service;
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+pub mod testkit;
 mod wake;
 pub use outbox_schema_lock as schema_lock;
 
@@ -128,13 +132,15 @@ pub use error::{BoxError, Error, Result};
 #[cfg(feature = "schemars")]
 pub use event::event_json_schema;
 pub use event::{DomainEvent, EventSchema, FieldSchema, PayloadSchema, verify_events_lock, verify_events_lock_all};
-pub use faults::FaultyPublisher;
 pub use inbox::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 pub use memory::InMemoryPublisher;
 pub use publisher::{PublishError, Publisher};
 pub use relay::{Relay, RelayPass};
 pub use service::{CLEANUP_LOCK, CleanupConfig, Health, OutboxService, OutboxServiceBuilder, ServiceConfig};
 pub use store::{BatchOutcome, ClaimRequest, ClaimedBatch, Failure, MarkReport, OutboxStats, OutboxStore, StoreLock};
+#[cfg(feature = "testkit")]
+#[doc(no_inline)]
+pub use testkit::FaultyPublisher;
 pub use wake::wake_relays;
 
 pub use text::{one_line, redact_secrets, redact_url, split_credentials, truncate};

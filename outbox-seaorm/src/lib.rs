@@ -49,6 +49,7 @@
 //! | `rabbitmq` | RabbitMQ publisher confirms and transport (`brokers::rabbitmq`) |
 //! | `redis` | Redis Streams publisher and transport (`brokers::redis`) |
 //! | `schemars` | `event_json_schema::<E>()`: an event's JSON Schema with its name and version |
+//! | `testkit` | `testkit::FaultyPublisher` (drop, delay, duplicate, reorder, fail, lose acks) and `testkit::History` (lost, applied twice, order, rolled back published) for tests of an app's handlers |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
