@@ -32,6 +32,7 @@ mod event;
 mod faults;
 mod inbox;
 mod memory;
+pub mod metrics;
 mod publisher;
 mod relay;
 pub mod service;
@@ -115,7 +116,9 @@ pub mod __private {
 pub use self::__private as __derive;
 
 mod store;
+mod telemetry;
 mod text;
+pub mod trace_context;
 
 pub use broker::Destination;
 pub use config::{Backoff, ClaimMode, DeadLetterPolicy, RelayConfig};

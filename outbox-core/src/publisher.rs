@@ -49,16 +49,30 @@ impl PublishError {
 pub trait Publisher: Send + Sync {
     /// Publishes `events`, returning one result per event.
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send;
+
+    /// The broker's name as OpenTelemetry's `messaging.system` (`kafka`, `rabbitmq`, `nats`, `redis`, …),
+    /// put on the relay's `outbox.relay.publish` span. Defaults to `"unknown"`.
+    fn system(&self) -> &'static str {
+        "unknown"
+    }
 }
 
 impl<P: Publisher> Publisher for std::sync::Arc<P> {
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send {
         (**self).publish(events)
     }
+
+    fn system(&self) -> &'static str {
+        (**self).system()
+    }
 }
 
 impl<P: Publisher> Publisher for &P {
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send {
         (**self).publish(events)
+    }
+
+    fn system(&self) -> &'static str {
+        (**self).system()
     }
 }

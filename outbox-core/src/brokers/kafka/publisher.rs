@@ -164,6 +164,10 @@ fn record_headers(event: &OutboxEvent) -> OwnedHeaders {
 }
 
 impl Publisher for KafkaPublisher {
+    fn system(&self) -> &'static str {
+        "kafka"
+    }
+
     /// Sends every record of the batch, then awaits every delivery report: `Ok` only for records the
     /// broker acknowledged (`acks=all`).
     #[tracing::instrument(

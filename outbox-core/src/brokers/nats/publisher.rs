@@ -226,6 +226,10 @@ impl NatsPublisher {
 }
 
 impl Publisher for NatsPublisher {
+    fn system(&self) -> &'static str {
+        "nats"
+    }
+
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send {
         let span = tracing::debug_span!(
             "outbox.nats.publish",

@@ -495,6 +495,10 @@ impl RabbitPublisher {
 }
 
 impl Publisher for RabbitPublisher {
+    fn system(&self) -> &'static str {
+        "rabbitmq"
+    }
+
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send {
         let span = tracing::debug_span!(
             "outbox.rabbitmq.publish",

@@ -187,6 +187,10 @@ impl RedisPublisher {
 }
 
 impl Publisher for RedisPublisher {
+    fn system(&self) -> &'static str {
+        "redis"
+    }
+
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send {
         self.publish_batch(events)
     }
