@@ -15,7 +15,6 @@ pub(crate) fn publish_span(system: &'static str, events: &[OutboxEvent]) -> trac
     let span = tracing::info_span!(
         "outbox.relay.publish",
         otel.kind = "producer",
-        otel.name = "send outbox",
         messaging.system = system,
         messaging.operation.type = "send",
         messaging.operation.name = "publish",
@@ -47,7 +46,6 @@ pub(crate) fn process_span(
     let span = tracing::info_span!(
         "outbox.consume.process",
         otel.kind = "consumer",
-        otel.name = "process outbox",
         messaging.system = system,
         messaging.operation.type = "process",
         messaging.operation.name = "process",
