@@ -185,11 +185,14 @@ async fn relay_counters_and_backlog_gauges_equal_the_outbox_rows(t: TestDb) {
 }
 per_backend_on_one_thread!(relay_counters_and_backlog_gauges_equal_the_outbox_rows, "obs_relay");
 
+/// The headers and payload of one message.
+type Raw = (BTreeMap<String, String>, Vec<u8>);
+
 /// A broker queue in memory: holds whatever the relay published to an [`InMemoryPublisher`] (as the
 /// headers and payload a real adapter sends) and anything pushed raw, acks and dead letters recorded.
 #[derive(Default)]
 struct Queue {
-    messages: Mutex<VecDeque<(BTreeMap<String, String>, Vec<u8>)>>,
+    messages: Mutex<VecDeque<Raw>>,
     acked: Mutex<u64>,
     dead: Mutex<Vec<DeadLetter>>,
 }
