@@ -414,3 +414,40 @@ async fn a_trace_started_at_enqueue_reaches_the_consumer_span_through_nats() {
     let _ = publisher.jetstream().delete_stream(&stream).await;
     assert_consumer_spans_continue(&traces, request, 4);
 }
+
+/// A service whose method emits two events: one inside a span of its own, one with a `traceparent` the
+/// app chose.
+struct Counter;
+
+const APP_TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+#[outbox_seaorm::transactional_outbox]
+impl Counter {
+    async fn count(&self, db: &sea_orm::DatabaseConnection, item: &str) -> Result<SpanId, sea_orm::DbErr> {
+        let step = tracing::info_span!("count.step");
+        let id = step.context().span().span_context().span_id();
+        {
+            let _in_step = step.enter();
+            emit!(Counted { item: item.to_owned(), n: 0 });
+        }
+        emit!(Counted { item: item.to_owned(), n: 1 }, headers = [("traceparent", APP_TRACEPARENT)]);
+        Ok(id)
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn emit_captures_the_span_it_runs_in_and_keeps_a_traceparent_the_app_set() {
+    let (_traces, _guard) = Traces::install();
+    let t = contract::case_db("obs_trace_emit").await;
+    let request = tracing::info_span!("POST /count");
+    let trace_id = request.context().span().span_context().trace_id();
+    let step = Counter.count(&t.db, "it0").instrument(request).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+
+    let rows = outbox_rows(&t).await;
+    assert_eq!(rows.len(), 2, "{t}");
+    let traceparent = |row: &outbox_seaorm::entity::outbox_event::Model| {
+        row.headers.get("traceparent").and_then(|v| v.as_str()).map(str::to_owned)
+    };
+    assert_eq!(traceparent(&rows[0]), Some(format!("00-{trace_id}-{step}-01")), "{t}: the emit!'s own span");
+    assert_eq!(traceparent(&rows[1]).as_deref(), Some(APP_TRACEPARENT), "{t}: the app's traceparent is kept");
+}
