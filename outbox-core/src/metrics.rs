@@ -46,7 +46,8 @@ pub const EVENTS_DEAD: &str = "outbox_events_dead_total";
 pub const EVENTS_RELEASED: &str = "outbox_events_released_total";
 /// Counter: rows whose lease another relay took over before this one marked them (lease mode).
 pub const EVENTS_FENCED: &str = "outbox_events_fenced_total";
-/// Counter: relay passes that failed (the store is down, a claim failed).
+/// Counter: relay passes that failed (the store is down, a claim failed), counted by the relay loop
+/// ([`Relay::run`](crate::Relay::run) and [`OutboxService`](crate::OutboxService)'s relays).
 pub const RELAY_PASS_FAILURES: &str = "outbox_relay_pass_failures_total";
 /// Histogram: rows claimed by each pass that claimed any.
 pub const RELAY_BATCH_SIZE: &str = "outbox_relay_batch_size";

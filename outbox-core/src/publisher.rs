@@ -55,6 +55,14 @@ pub trait Publisher: Send + Sync {
     fn system(&self) -> &'static str {
         "unknown"
     }
+
+    /// Where `event` goes (subject, topic, routing key, stream key) as OpenTelemetry's
+    /// `messaging.destination.name`, put on the relay's publish span when every event of the call goes to
+    /// the same place. Only called while that span is enabled. Defaults to `None`.
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        let _ = event;
+        None
+    }
 }
 
 impl<P: Publisher> Publisher for std::sync::Arc<P> {
@@ -65,6 +73,10 @@ impl<P: Publisher> Publisher for std::sync::Arc<P> {
     fn system(&self) -> &'static str {
         (**self).system()
     }
+
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        (**self).destination_name(event)
+    }
 }
 
 impl<P: Publisher> Publisher for &P {
@@ -74,5 +86,9 @@ impl<P: Publisher> Publisher for &P {
 
     fn system(&self) -> &'static str {
         (**self).system()
+    }
+
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        (**self).destination_name(event)
     }
 }

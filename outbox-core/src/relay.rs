@@ -200,7 +200,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         events: &[OutboxEvent],
         deadline: tokio::time::Instant,
     ) -> Vec<Result<(), PublishError>> {
-        let span = crate::telemetry::publish_span(self.publisher.system(), events);
+        let span = crate::telemetry::publish_span(&self.publisher, events);
         let started = std::time::Instant::now();
         let published = tokio::time::timeout_at(deadline, self.publisher.publish(events)).instrument(span).await;
         crate::metrics::publish_duration(started.elapsed());

@@ -6,25 +6,34 @@ use std::collections::BTreeMap;
 
 use crate::broker::header;
 use crate::envelope::OutboxEvent;
+use crate::publisher::Publisher;
 use crate::text::one_line;
 
 /// `outbox.relay.publish`: one publish call of the relay (a wave, at most one event per aggregate).
 ///
 /// With the `opentelemetry` feature it links to the trace context each event was written in.
-pub(crate) fn publish_span(system: &'static str, events: &[OutboxEvent]) -> tracing::Span {
+pub(crate) fn publish_span<P: Publisher>(publisher: &P, events: &[OutboxEvent]) -> tracing::Span {
     let span = tracing::info_span!(
         "outbox.relay.publish",
         otel.kind = "producer",
-        messaging.system = system,
+        messaging.system = publisher.system(),
         messaging.operation.type = "send",
         messaging.operation.name = "publish",
         messaging.batch.message_count = events.len(),
         messaging.message.id = tracing::field::Empty,
         messaging.destination.name = tracing::field::Empty,
     );
+    if span.is_disabled() {
+        return span;
+    }
     if let [event] = events {
         span.record("messaging.message.id", tracing::field::display(event.id));
-        span.record("messaging.destination.name", event.aggregate_type.as_str());
+    }
+    let mut destinations = events.iter().map(|event| publisher.destination_name(event));
+    if let Some(Some(first)) = destinations.next()
+        && destinations.all(|other| other.as_deref() == Some(first.as_str()))
+    {
+        span.record("messaging.destination.name", first.as_str());
     }
     #[cfg(feature = "opentelemetry")]
     crate::trace_context::link_events(&span, events);

@@ -413,6 +413,11 @@ async fn a_trace_started_at_enqueue_reaches_the_consumer_span_through_nats() {
     running.stop().await;
     let _ = publisher.jetstream().delete_stream(&stream).await;
     assert_consumer_spans_continue(&traces, request, 4);
+    let subject = format!("{prefix}.item");
+    for span in traces.finished("outbox.relay.publish") {
+        assert_eq!(attribute(&span, "messaging.system").map(|v| v.as_str()), Some("nats".into()));
+        assert_eq!(attribute(&span, "messaging.destination.name").map(|v| v.as_str()), Some(subject.as_str().into()));
+    }
 }
 
 /// A service whose method emits two events: one inside a span of its own, one with a `traceparent` the

@@ -168,6 +168,10 @@ impl Publisher for KafkaPublisher {
         "kafka"
     }
 
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        Some(self.destination.render(event))
+    }
+
     /// Sends every record of the batch, then awaits every delivery report: `Ok` only for records the
     /// broker acknowledged (`acks=all`).
     #[tracing::instrument(

@@ -230,6 +230,10 @@ impl Publisher for NatsPublisher {
         "nats"
     }
 
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        Some(self.destination.render(event))
+    }
+
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send {
         let span = tracing::debug_span!(
             "outbox.nats.publish",

@@ -191,6 +191,10 @@ impl Publisher for RedisPublisher {
         "redis"
     }
 
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        Some(self.destination.render(event))
+    }
+
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send {
         self.publish_batch(events)
     }
