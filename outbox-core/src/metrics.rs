@@ -83,7 +83,7 @@ pub const LABEL_CONSUMER: &str = "consumer";
 pub const LABEL_EVENT_TYPE: &str = "event_type";
 
 /// Every metric name above, for exporters' allow-lists and for tests.
-pub const ALL: [&str; 19] = [
+pub const ALL: &[&str] = &[
     EVENTS_PUBLISHED,
     EVENTS_FAILED,
     EVENTS_DEAD,
@@ -243,4 +243,31 @@ pub(crate) fn handler_duration(consumer: &str, event_type: &str, took: Duration)
         .record(took.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = (consumer, event_type, took);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_prefixed_and_in_prometheus_units() {
+        let mut seen = std::collections::BTreeSet::new();
+        for name in ALL {
+            assert!(seen.insert(*name), "{name} twice");
+            assert!(name.starts_with("outbox_"), "{name}");
+            assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'), "{name}");
+        }
+        for duration in
+            [CLAIM_DURATION, PUBLISH_DURATION, PUBLISH_LATENCY, OLDEST_PENDING_AGE, CONSUMER_HANDLER_DURATION]
+        {
+            assert!(duration.ends_with("_seconds"), "{duration}");
+        }
+        let counters =
+            [EVENTS_PUBLISHED, EVENTS_FAILED, EVENTS_DEAD, EVENTS_RELEASED, EVENTS_FENCED, RELAY_PASS_FAILURES];
+        let consumer =
+            [CONSUMER_PROCESSED, CONSUMER_DUPLICATES, CONSUMER_RETRIED, CONSUMER_DEAD_LETTERED, CONSUMER_SKIPPED];
+        for counter in counters.into_iter().chain(consumer) {
+            assert!(counter.ends_with("_total"), "{counter}");
+        }
+    }
 }
