@@ -212,6 +212,11 @@ impl NewEvent {
     pub fn headers(&self) -> &Headers {
         &self.headers
     }
+
+    /// The headers, for the crate's own well-formed names (trace context).
+    pub(crate) fn headers_mut(&mut self) -> &mut Headers {
+        &mut self.headers
+    }
 }
 
 /// Checks a name or key bound for a `VARCHAR(max)` column: not blank, at most `max` bytes, no control

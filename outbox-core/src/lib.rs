@@ -33,6 +33,7 @@ mod error;
 mod event;
 mod inbox;
 mod memory;
+pub mod metrics;
 mod publisher;
 mod relay;
 pub mod service;
@@ -119,7 +120,9 @@ pub mod __private {
 pub use self::__private as __derive;
 
 mod store;
+mod telemetry;
 mod text;
+pub mod trace_context;
 
 pub use broker::Destination;
 pub use config::{Backoff, ClaimMode, DeadLetterPolicy, MAX_BACKOFF, MAX_LEASE, MAX_RELAY_INTERVAL, RelayConfig};

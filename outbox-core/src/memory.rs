@@ -82,6 +82,10 @@ impl InMemoryPublisher {
 }
 
 impl Publisher for InMemoryPublisher {
+    fn system(&self) -> &'static str {
+        "memory"
+    }
+
     async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), PublishError>> {
         let delay = {
             let mut state = self.state();

@@ -50,16 +50,46 @@ impl PublishError {
 pub trait Publisher: Send + Sync {
     /// Publishes `events`, returning one result per event.
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send;
+
+    /// The broker's name as OpenTelemetry's `messaging.system` (`kafka`, `rabbitmq`, `nats`, `redis`, …),
+    /// put on the relay's `outbox.relay.publish` span. Defaults to `"unknown"`.
+    fn system(&self) -> &'static str {
+        "unknown"
+    }
+
+    /// Where `event` goes (subject, topic, routing key, stream key) as OpenTelemetry's
+    /// `messaging.destination.name`, put on the relay's publish span when every event of the call goes to
+    /// the same place. Only called while that span is enabled. Defaults to `None`.
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        let _ = event;
+        None
+    }
 }
 
 impl<P: Publisher> Publisher for std::sync::Arc<P> {
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send {
         (**self).publish(events)
     }
+
+    fn system(&self) -> &'static str {
+        (**self).system()
+    }
+
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        (**self).destination_name(event)
+    }
 }
 
 impl<P: Publisher> Publisher for &P {
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send {
         (**self).publish(events)
+    }
+
+    fn system(&self) -> &'static str {
+        (**self).system()
+    }
+
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        (**self).destination_name(event)
     }
 }

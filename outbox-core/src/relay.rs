@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::config::{Backoff, RelayConfig};
 use crate::envelope::OutboxEvent;
@@ -52,6 +53,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     pub fn new(store: S, publisher: P, mut config: RelayConfig) -> Result<Self> {
         config.claim_mode = config.claim_mode.resolve(store.claims_block_writers(), config.publish_timeout);
         config.validate()?;
+        crate::metrics::describe();
         Ok(Relay { store, publisher, config })
     }
 
@@ -83,6 +85,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// One pass; once `stop` is cancelled no further wave is published and the rest is released.
     #[tracing::instrument(name = "outbox.relay.pass", skip(self, stop), level = "debug", err)]
     pub(crate) async fn pass(&self, now: DateTime<Utc>, stop: Option<&CancellationToken>) -> Result<RelayPass> {
+        let claim_started = std::time::Instant::now();
         let batch = self
             .store
             .claim(ClaimRequest {
@@ -92,6 +95,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
                 dead_letters: self.config.dead_letters,
             })
             .await?;
+        crate::metrics::claim_duration(claim_started.elapsed());
         let claimed = batch.events().len() as u64;
         let dead_on_claim = batch.dead_on_claim();
         if dead_on_claim > 0 {
@@ -116,6 +120,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             fenced: report.fenced,
         };
         tracing::debug!(?pass, "relay pass done");
+        crate::metrics::relay_pass(&pass);
         if dead > 0 {
             tracing::warn!(dead, "outbox events reached max_attempts and are dead");
         }
@@ -164,10 +169,12 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         while !runs.is_empty() {
             let wave: Vec<OutboxEvent> = runs.iter_mut().filter_map(|run| run.pop_front().cloned()).collect();
             let results = self.publish_wave(&wave, deadline).await;
+            let confirmed_at = Utc::now();
             let mut still_going = Vec::with_capacity(runs.len());
             for ((event, result), run) in wave.iter().zip(results).zip(runs) {
                 match result {
                     Ok(()) => {
+                        crate::metrics::publish_latency(event, confirmed_at);
                         outcome.published.push(event.seq);
                         if !run.is_empty() {
                             still_going.push(run);
@@ -203,7 +210,11 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
         events: &[OutboxEvent],
         deadline: tokio::time::Instant,
     ) -> Vec<Result<(), PublishError>> {
-        match tokio::time::timeout_at(deadline, self.publisher.publish(events)).await {
+        let span = crate::telemetry::publish_span(&self.publisher, events);
+        let started = std::time::Instant::now();
+        let published = tokio::time::timeout_at(deadline, self.publisher.publish(events)).instrument(span).await;
+        crate::metrics::publish_duration(started.elapsed());
+        match published {
             Ok(mut results) => {
                 if results.len() != events.len() {
                     tracing::error!(
@@ -269,6 +280,7 @@ pub(crate) async fn run_loop<S: OutboxStore, P: Publisher>(
             }
             Err(error) => {
                 failures = failures.saturating_add(1);
+                crate::metrics::relay_pass_failed();
                 let delay = error_backoff.delay(i32::try_from(failures).unwrap_or(i32::MAX));
                 tracing::error!(%error, consecutive_failures = failures, retry_in = ?delay, "outbox relay pass failed");
                 report(PassReport::Failed(&error));

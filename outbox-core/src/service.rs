@@ -457,6 +457,7 @@ async fn sample_loop<S: OutboxStore>(
         };
         match sample {
             Ok(stats) => {
+                crate::metrics::stats_sample(&stats);
                 let mut health = health.lock();
                 health.stats = Some(stats);
                 health.sampled_at = Some(Utc::now());

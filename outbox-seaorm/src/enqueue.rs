@@ -46,8 +46,10 @@ const EVENTS_PER_CHUNK: usize = 1000;
 pub async fn enqueue_all<C: ConnectionTrait + TransactionTrait>(conn: &C, events: &[NewEvent]) -> Result<Vec<EventId>> {
     let backend = conn.get_database_backend();
     let now_ms = Utc::now().timestamp_millis();
+    // With the `opentelemetry` feature: the caller's trace context, for events that carry none.
+    let trace = outbox_runtime::trace_context::current();
     for chunk in events.chunks(EVENTS_PER_CHUNK) {
-        let rows = Rows::of(chunk)?;
+        let rows = Rows::of(chunk, trace.as_deref())?;
         let written = match backend {
             DbBackend::Postgres => write_postgres(conn, &rows, now_ms).await,
             // Three statements: they must hold the aggregates' rows together (the versions read back are only
@@ -95,14 +97,23 @@ struct Rows<'e> {
 }
 
 impl<'e> Rows<'e> {
-    fn of(chunk: &'e [NewEvent]) -> Result<Self> {
+    fn of(chunk: &'e [NewEvent], trace: Option<&[(&'static str, String)]>) -> Result<Self> {
         let mut counts: BTreeMap<(&str, &str), i64> = BTreeMap::new();
         let mut events = Vec::with_capacity(chunk.len());
         for event in chunk {
             let n = counts.entry((event.aggregate_type(), event.aggregate_id())).or_insert(0);
             *n += 1;
-            let headers = serde_json::to_string(event.headers()).map_err(|source| {
-                outbox_runtime::Error::Serialize { event_type: event.event_type().to_owned(), source }
+            let serialized = match trace {
+                Some(trace) if !event.headers().contains_key(outbox_runtime::trace_context::TRACEPARENT) => {
+                    let mut headers = event.headers().clone();
+                    outbox_runtime::trace_context::add_to(&mut headers, trace);
+                    serde_json::to_string(&headers)
+                }
+                _ => serde_json::to_string(event.headers()),
+            };
+            let headers = serialized.map_err(|source| outbox_runtime::Error::Serialize {
+                event_type: event.event_type().to_owned(),
+                source,
             })?;
             events.push((event, *n, headers));
         }

@@ -36,12 +36,14 @@
 
 //!
 //! ## Features
-//! The app chooses its drivers, runtime and TLS, as with SeaORM itself; nothing but `migrations` is on by
-//! default. A PostgreSQL-only app: `features = ["sqlx-postgres", "runtime-tokio-rustls"]`.
+//! The app chooses its drivers, runtime and TLS, as with SeaORM itself; nothing but `migrations` and `metrics` is
+//! on by default. A PostgreSQL-only app: `features = ["sqlx-postgres", "runtime-tokio-rustls"]`.
 //!
 //! | feature | what it adds |
 //! |---|---|
 //! | `migrations` (default) | `migrate`, `migrations()`, `Migrator` (sea-orm-migration) |
+//! | `metrics` (default) | relay, stats and consumer metrics through the `metrics` facade ([`metrics`] names them); the app installs the recorder |
+//! | `opentelemetry` | W3C `traceparent`/`tracestate` captured at `enqueue`/`emit!` and restored as the parent of the consumer's span ([`trace_context`]) |
 //! | `sqlx-postgres`, `sqlx-mysql`, `sqlx-sqlite` | SeaORM's sqlx driver for that database; `connect` refuses a URL whose driver is not built |
 //! | `runtime-tokio-rustls`, `runtime-tokio-native-tls`, `runtime-tokio` | SeaORM's runtime and TLS choice (pick one with a driver) |
 //! | `nats` | NATS JetStream publisher and transport (`brokers::nats`) |

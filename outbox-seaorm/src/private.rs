@@ -95,7 +95,8 @@ impl Emitted {
 /// Records one emitted event; the payload is serialised and checked now, so a bad event fails at its
 /// `emit!`. All of them are written together by [`finish`], in one round trip per 1000 events.
 pub fn emit<E: DomainEvent>(emitted: &Emitted, event: &E) -> Result<(), DbErr> {
-    let new_event = event.to_new_event().map_err(into_db_err)?;
+    // The trace context of the `emit!` itself (with the `opentelemetry` feature).
+    let new_event = outbox_runtime::trace_context::with_current(event.to_new_event().map_err(into_db_err)?);
     emitted.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(new_event);
     Ok(())
 }
@@ -116,6 +117,7 @@ where
     for (name, value) in headers {
         new_event = new_event.with_header(name, value).map_err(into_db_err)?;
     }
+    let new_event = outbox_runtime::trace_context::with_current(new_event);
     emitted.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(new_event);
     Ok(())
 }

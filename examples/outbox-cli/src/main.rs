@@ -11,6 +11,7 @@
 
 mod broker;
 mod duration;
+mod http;
 mod relay;
 
 use std::process::ExitCode;
@@ -208,6 +209,15 @@ struct RelayArgs {
     /// Time between status lines in the log.
     #[arg(long, env = "OUTBOX_STATUS_INTERVAL", default_value = "60s", value_parser = duration::parse)]
     status_interval: Duration,
+    /// Serve /metrics (Prometheus text), /health/live and /health/ready on this address, e.g. 0.0.0.0:9090.
+    #[arg(long, env = "OUTBOX_HTTP")]
+    http: Option<std::net::SocketAddr>,
+    /// /health/ready answers 503 once the oldest pending event is this old.
+    #[arg(long, env = "OUTBOX_READY_MAX_PENDING_AGE", default_value = "60s", value_parser = duration::parse)]
+    ready_max_pending_age: Duration,
+    /// /health/ready answers 503 when no relay pass succeeded for this long.
+    #[arg(long, env = "OUTBOX_READY_MAX_PASS_AGE", default_value = "30s", value_parser = duration::parse)]
+    ready_max_pass_age: Duration,
 }
 
 #[derive(Subcommand)]

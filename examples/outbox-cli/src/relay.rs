@@ -1,5 +1,6 @@
-//! `outbox relay`: the [`OutboxService`] until SIGTERM or SIGINT. A broker that is down at start is
-//! retried (with the backlog in the log) until it answers; a bad URL or setting is fatal at once.
+//! `outbox relay`: the [`OutboxService`] until SIGTERM or SIGINT, with `--http` serving `/metrics` and the
+//! health probes ([`http`](crate::http)). A broker that is down at start is retried (with the backlog in
+//! the log) until it answers; a bad URL or setting is fatal at once.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use outbox_seaorm::{
 };
 use sea_orm::DatabaseConnection;
 
-use crate::{CliError, RelayArgs, broker};
+use crate::{CliError, RelayArgs, broker, http};
 
 /// Runs the relay until a signal.
 pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError> {
@@ -42,6 +43,16 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
 
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let http = match args.http {
+        Some(addr) => {
+            let readiness =
+                http::Readiness { max_pending_age: args.ready_max_pending_age, max_pass_age: args.ready_max_pass_age };
+            let shared = http::install_recorder(readiness)?;
+            http::serve(addr, shared.clone(), shutdown.clone()).await?;
+            Some(shared)
+        }
+        None => None,
+    };
     let shown = redact_url(&args.broker.broker);
     let Some(publisher) = connect_broker(&db, &args, &shown, &shutdown).await else {
         tracing::info!("stopped before the broker answered");
@@ -51,6 +62,9 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
         .config(config.clone())
         .shutdown_on(&shutdown)
         .start()?;
+    // With --http, the probes read the service from here on.
+    let slot = http.map(|shared| shared.service).unwrap_or_default();
+    let service = slot.get_or_init(move || service);
     tracing::info!(
         broker = %shown,
         kind = kind.name(),

@@ -1,6 +1,6 @@
 //! The `outbox` binary, run as a process: bad URLs fail without showing the password, `check` reports a
 //! read-only database, `stats --json` parses, and `relay` survives a broker that is down at start and
-//! stops cleanly on SIGTERM.
+//! stops cleanly on SIGTERM, and `relay --http` serves `/metrics` and the health probes.
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -222,6 +222,10 @@ impl Running {
 }
 
 fn spawn_relay(t: &TestDb, broker: &str, stream: &str) -> Running {
+    spawn_relay_with(t, broker, stream, &[])
+}
+
+fn spawn_relay_with(t: &TestDb, broker: &str, stream: &str, more: &[&str]) -> Running {
     let (url, extra) = target(t);
     let child = outbox()
         .env("DATABASE_URL", url)
@@ -229,6 +233,7 @@ fn spawn_relay(t: &TestDb, broker: &str, stream: &str) -> Running {
         .env("OUTBOX_LOG", "outbox=info,outbox_runtime=info,warn")
         .args(extra)
         .args(["relay", "--broker", broker, "--destination", stream])
+        .args(more)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -275,3 +280,88 @@ async fn a_broker_down_at_start_is_retried_not_fatal(t: TestDb) {
     assert_eq!(published(&t).await, 0, "{t}");
 }
 per_backend!(a_broker_down_at_start_is_retried_not_fatal, "cli_broker_down");
+
+/// A local port nothing listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// `GET path` over plain HTTP/1.1; the status code and the body. Retries the connection for 10 s while the
+/// relay starts.
+fn get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut stream = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(stream) => break stream,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(error) => panic!("nothing answers on port {port}: {error}"),
+        }
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("send request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read response");
+    let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{response}"));
+    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// The value of an unlabelled sample `name` in Prometheus text.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+async fn http_serves_metrics_that_match_the_outbox_and_ready_once_the_backlog_is_gone(t: TestDb) {
+    enqueue(&t, &[order("o1", "order.placed"), order("o2", "order.placed"), order("o3", "order.placed")]).await;
+    let stream = format!("outbox-cli-http:{}", outbox_integration_tests::run_suffix());
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = spawn_relay_with(
+        &t,
+        "redis://127.0.0.1:6379",
+        &stream,
+        &["--http", &addr, "--stats-interval", "100ms", "--ready-max-pending-age", "30s"],
+    );
+    let (status, _) = get(port, "/health/live");
+    assert_eq!(status, 200, "{t}: live while running");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, body) = get(port, "/health/ready");
+        let metrics = get(port, "/metrics").1;
+        // Ready once everything went out and a sample after that saw no backlog.
+        if status == 200 && sample(&metrics, "outbox_pending_events") == Some(0.0) {
+            assert!(body.contains("\"ready\":true"), "{t}: {body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{t}: not ready within 15 s (is Redis on 6379?): {status} {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(published(&t).await, 3, "{t}");
+    let metrics = get(port, "/metrics").1;
+    assert_eq!(sample(&metrics, "outbox_events_published_total"), Some(3.0), "{t}: {metrics}");
+    assert_eq!(sample(&metrics, "outbox_dead_events"), Some(0.0), "{t}: {metrics}");
+    assert_eq!(sample(&metrics, "outbox_oldest_pending_age_seconds"), Some(0.0), "{t}: {metrics}");
+    assert!(metrics.contains("# TYPE outbox_publish_latency_seconds histogram"), "{t}: {metrics}");
+    let output = relay.terminate();
+    assert!(output.status.success(), "{t}: {:?}: {}", output.status, text(&output));
+}
+per_backend!(http_serves_metrics_that_match_the_outbox_and_ready_once_the_backlog_is_gone, "cli_http");
+
+async fn ready_is_503_with_the_reason_while_the_broker_is_down(t: TestDb) {
+    if t.backend != DbBackend::Sqlite {
+        return;
+    }
+    enqueue(&t, &[order("o1", "order.placed")]).await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = spawn_relay_with(&t, "redis://127.0.0.1:1", "never", &["--http", &addr]);
+    let (live, _) = get(port, "/health/live");
+    let (ready, body) = get(port, "/health/ready");
+    let output = relay.terminate();
+    assert_eq!(live, 200, "{t}: live while retrying the broker");
+    assert_eq!(ready, 503, "{t}: {body}");
+    assert!(body.contains("the broker is not connected yet"), "{t}: {body}");
+    assert!(output.status.success(), "{t}: {}", text(&output));
+}
+per_backend!(ready_is_503_with_the_reason_while_the_broker_is_down, "cli_http_down");

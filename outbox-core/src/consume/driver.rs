@@ -15,6 +15,7 @@ use super::{Consumer, Counters};
 use crate::broker::{decode_message, header};
 use crate::envelope::OutboxEvent;
 use crate::error::Result;
+use crate::metrics::Consumed;
 use crate::text::one_line;
 
 /// How many times an ack is tried before the message is left to the broker's redelivery.
@@ -32,6 +33,7 @@ pub(super) async fn run<T: Transport>(consumer: &Consumer, transport: &T, shutdo
         messaging.consumer.group.name = %consumer.name,
         messaging.source.name = %transport.source(),
     );
+    crate::metrics::describe();
     let driver = Driver { consumer, transport, permits: Semaphore::new(consumer.config.concurrency), shutdown };
     driver.run().instrument(span).await
 }
@@ -157,12 +159,24 @@ impl<'a, T: Transport> Driver<'a, T> {
     /// Takes one message to its end: acked (applied, duplicate, skipped, dead-lettered) or released
     /// (shutdown). Returns its lane.
     async fn settle(&self, delivery: Delivery<T::Receipt>, lane: String) -> String {
+        let span = crate::telemetry::process_span(
+            self.transport.broker(),
+            &self.consumer.name,
+            &delivery.origin,
+            &delivery.headers,
+            delivery.deliveries,
+        );
+        self.settle_in_span(delivery, lane).instrument(span).await
+    }
+
+    async fn settle_in_span(&self, delivery: Delivery<T::Receipt>, lane: String) -> String {
         let previous = delivery.deliveries.saturating_sub(1);
         tracing::trace!(lane = %one_line(&lane), deliveries = delivery.deliveries, "settling");
         match self.plan(&delivery) {
             Plan::Skip(event) => {
                 tracing::debug!(event_id = %event.id, event_type = %one_line(&event.event_type), "no handler for this event type here; acked untouched");
                 Counters::add(&self.counters().skipped);
+                crate::metrics::consumer_dead_lettered_or_skipped(&self.consumer.name, false);
                 self.ack(&delivery).await;
             }
             Plan::Poison(reason) => self.dead_letter(&delivery, reason, previous + 1).await,
@@ -196,15 +210,20 @@ impl<'a, T: Transport> Driver<'a, T> {
         loop {
             let attempt = {
                 let _permit = self.permits.acquire().await;
-                route.attempt(event.clone(), previous + failures + 1).await
+                let started = Instant::now();
+                let attempt = route.attempt(event.clone(), previous + failures + 1).await;
+                crate::metrics::handler_duration(&self.consumer.name, &event.event_type, started.elapsed());
+                attempt
             };
             let reason = match attempt {
                 Attempt::Done(Handled::Processed) => {
                     Counters::add(&self.counters().processed);
+                    crate::metrics::consumed(&self.consumer.name, &event.event_type, Consumed::Processed);
                     return self.ack(delivery).await;
                 }
                 Attempt::Done(Handled::Duplicate) => {
                     Counters::add(&self.counters().duplicates);
+                    crate::metrics::consumed(&self.consumer.name, &event.event_type, Consumed::Duplicate);
                     return self.ack(delivery).await;
                 }
                 Attempt::Poison(reason) => return self.dead_letter(delivery, reason, previous + failures + 1).await,
@@ -223,6 +242,7 @@ impl<'a, T: Transport> Driver<'a, T> {
                         return self.dead_letter(delivery, reason, deliveries).await;
                     }
                     Counters::add(&self.counters().retried);
+                    crate::metrics::consumed(&self.consumer.name, &event.event_type, Consumed::Retried);
                     let pause = backoff.delay(i32::try_from(failures).unwrap_or(i32::MAX));
                     tracing::warn!(event_id = %event.id, reason = %one_line(&reason), deliveries, max_deliveries = max, ?pause, "handler failed; retrying in place");
                     pause
@@ -244,6 +264,7 @@ impl<'a, T: Transport> Driver<'a, T> {
             match self.transport.dead_letter(delivery, &letter).await {
                 Ok(()) => {
                     Counters::add(&self.counters().dead_lettered);
+                    crate::metrics::consumer_dead_lettered_or_skipped(&self.consumer.name, true);
                     tracing::warn!(
                         event_id = %one_line(delivery.headers.get(header::ID).map_or("(none)", String::as_str)),
                         origin = %one_line(&delivery.origin),

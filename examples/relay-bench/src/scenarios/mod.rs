@@ -4,6 +4,7 @@ pub mod enqueue_tax;
 pub mod latency;
 pub mod nats;
 pub mod rss;
+pub mod telemetry;
 pub mod throughput;
 
 use std::path::PathBuf;
@@ -20,7 +21,7 @@ use crate::report::Run;
 use crate::target::Target;
 
 /// Every scenario name, in run order.
-pub const ALL: [&str; 12] = [
+pub const ALL: [&str; 13] = [
     "aggregates",
     "backlog",
     "batch",
@@ -33,6 +34,7 @@ pub const ALL: [&str; 12] = [
     "latency",
     "rss",
     "nats",
+    "telemetry",
 ];
 
 /// What every scenario needs to know about this invocation.
@@ -79,6 +81,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> Result<()> {
         "latency" => latency::run(ctx).await,
         "rss" => rss::run(ctx).await,
         "nats" => nats::run(ctx).await,
+        "telemetry" => telemetry::run(ctx).await,
         other => anyhow::bail!("unknown scenario {other:?}; expected one of {}", ALL.join(", ")),
     }
     .with_context(|| format!("scenario {name} on {}", ctx.target.label()))?;

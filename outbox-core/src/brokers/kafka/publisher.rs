@@ -164,6 +164,14 @@ fn record_headers(event: &OutboxEvent) -> OwnedHeaders {
 }
 
 impl Publisher for KafkaPublisher {
+    fn system(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        Some(self.destination.render(event))
+    }
+
     /// Sends every record of the batch, then awaits every delivery report: `Ok` only for records the
     /// broker acknowledged (`acks=all`).
     #[tracing::instrument(

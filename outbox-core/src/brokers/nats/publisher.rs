@@ -226,6 +226,14 @@ impl NatsPublisher {
 }
 
 impl Publisher for NatsPublisher {
+    fn system(&self) -> &'static str {
+        "nats"
+    }
+
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        Some(self.destination.render(event))
+    }
+
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send {
         let span = tracing::debug_span!(
             "outbox.nats.publish",

@@ -495,6 +495,14 @@ impl RabbitPublisher {
 }
 
 impl Publisher for RabbitPublisher {
+    fn system(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        Some(self.routing_key.render(event))
+    }
+
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send {
         let span = tracing::debug_span!(
             "outbox.rabbitmq.publish",

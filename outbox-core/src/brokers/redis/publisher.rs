@@ -187,6 +187,14 @@ impl RedisPublisher {
 }
 
 impl Publisher for RedisPublisher {
+    fn system(&self) -> &'static str {
+        "redis"
+    }
+
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        Some(self.destination.render(event))
+    }
+
     fn publish(&self, events: &[OutboxEvent]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send {
         self.publish_batch(events)
     }

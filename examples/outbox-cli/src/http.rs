@@ -1,0 +1,173 @@
+//! `outbox relay --http ADDR`: `/metrics` (Prometheus text) and the health probes.
+//!
+//! - `GET /metrics`: every `outbox_*` metric ([`outbox_seaorm::metrics`]) in the Prometheus text format,
+//!   from the recorder this binary installs (the library never installs one).
+//! - `GET /health/live`: 200 while the process runs (a liveness probe: restart only when it stops
+//!   answering).
+//! - `GET /health/ready` (and `GET /health`): 200 when the relay is connected to the broker, its last
+//!   successful pass is recent and the oldest pending event is younger than `--ready-max-pending-age`;
+//!   503 otherwise. The body is JSON: `ready`, the `reasons` it is not, and the service's `health`.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use outbox_seaorm::{CancellationToken, Health, OutboxService};
+
+use crate::CliError;
+
+/// Buckets of the `_seconds` histograms: 1 ms to 1 minute.
+const SECONDS_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+/// Buckets of the batch size histogram.
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0];
+
+/// When the relay counts as ready.
+#[derive(Clone, Copy, Debug)]
+pub struct Readiness {
+    /// The oldest pending event must be younger than this.
+    pub max_pending_age: Duration,
+    /// The last successful relay pass must be more recent than this.
+    pub max_pass_age: Duration,
+}
+
+impl Readiness {
+    /// Why `health` (or its absence: the broker is not connected yet) is not ready, at `now`; empty when
+    /// it is.
+    pub fn reasons(&self, health: Option<&Health>, now: chrono::DateTime<chrono::Utc>) -> Vec<String> {
+        let Some(health) = health else {
+            return vec!["the broker is not connected yet; events wait in the outbox".to_owned()];
+        };
+        let mut reasons = Vec::new();
+        if health.stopped {
+            reasons.push("the relay is stopping".to_owned());
+        }
+        match health.last_success_at {
+            None => reasons.push("no relay pass has succeeded yet".to_owned()),
+            Some(at) => {
+                let age = (now - at).to_std().unwrap_or(Duration::ZERO);
+                if age > self.max_pass_age {
+                    reasons.push(format!(
+                        "the last successful relay pass was {}s ago (max {}s); {} failed since",
+                        age.as_secs(),
+                        self.max_pass_age.as_secs(),
+                        health.consecutive_failures
+                    ));
+                }
+            }
+        }
+        match health.oldest_pending_age() {
+            None => reasons.push("no backlog sample yet".to_owned()),
+            Some(age) if age >= self.max_pending_age => reasons.push(format!(
+                "the oldest pending event is {}s old (max {}s)",
+                age.as_secs(),
+                self.max_pending_age.as_secs()
+            )),
+            Some(_) => {}
+        }
+        reasons
+    }
+}
+
+/// What the handlers read: the service once it started, and the recorder's handle.
+#[derive(Clone)]
+pub struct Shared {
+    /// Set once the broker answered and the service started.
+    pub service: Arc<OnceLock<OutboxService>>,
+    metrics: PrometheusHandle,
+    readiness: Readiness,
+}
+
+/// Installs the Prometheus recorder for the whole process; call it once, before the service starts.
+pub fn install_recorder(readiness: Readiness) -> Result<Shared, CliError> {
+    let metrics = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), SECONDS_BUCKETS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(outbox_seaorm::metrics::RELAY_BATCH_SIZE.to_owned()), BATCH_BUCKETS)
+        })
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|e| CliError::Refused(format!("cannot install the metrics recorder: {e}")))?;
+    outbox_seaorm::metrics::describe();
+    Ok(Shared { service: Arc::new(OnceLock::new()), metrics, readiness })
+}
+
+/// Binds `addr` (a failure is fatal at once) and serves until `shutdown`.
+pub async fn serve(addr: SocketAddr, shared: Shared, shutdown: CancellationToken) -> Result<(), CliError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::Refused(format!("--http {addr}: cannot listen: {e}")))?;
+    tracing::info!(%addr, "serving /metrics, /health/live and /health/ready");
+    let upkeep = shared.metrics.clone();
+    let upkeep_stop = shutdown.clone();
+    tokio::spawn(async move {
+        // Histograms' storage is drained into the exporter's buckets here.
+        loop {
+            tokio::select! {
+                () = upkeep_stop.cancelled() => break,
+                () = tokio::time::sleep(Duration::from_secs(5)) => upkeep.run_upkeep(),
+            }
+        }
+    });
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health/live", get(live))
+        .route("/health/ready", get(ready))
+        .route("/health", get(ready))
+        .with_state(shared);
+    tokio::spawn(async move {
+        let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
+        if let Err(error) = server.await {
+            tracing::error!(%error, "the HTTP endpoint failed; the relay goes on");
+        }
+    });
+    Ok(())
+}
+
+async fn metrics(State(shared): State<Shared>) -> Response {
+    let text = shared.metrics.render();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+async fn live() -> Response {
+    axum::Json(serde_json::json!({ "live": true })).into_response()
+}
+
+async fn ready(State(shared): State<Shared>) -> Response {
+    let health = shared.service.get().map(OutboxService::health);
+    let reasons = shared.readiness.reasons(health.as_ref(), chrono::Utc::now());
+    let status = if reasons.is_empty() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let body = serde_json::json!({ "ready": reasons.is_empty(), "reasons": reasons, "health": health });
+    (status, axum::Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn healthy(now: chrono::DateTime<chrono::Utc>, oldest_pending_seconds: u64) -> Health {
+        let mut health = Health::default();
+        health.last_success_at = Some(now);
+        health.stats = Some(outbox_seaorm::OutboxStats { oldest_pending_seconds, ..Default::default() });
+        health
+    }
+
+    const READINESS: Readiness =
+        Readiness { max_pending_age: Duration::from_secs(60), max_pass_age: Duration::from_secs(30) };
+
+    #[test]
+    fn ready_needs_a_connected_broker_a_recent_pass_and_a_young_backlog() {
+        let now = chrono::Utc::now();
+        assert!(READINESS.reasons(Some(&healthy(now, 59)), now).is_empty());
+        let old = READINESS.reasons(Some(&healthy(now, 60)), now);
+        assert_eq!(old, ["the oldest pending event is 60s old (max 60s)"]);
+        let later = now + chrono::Duration::seconds(31);
+        assert!(READINESS.reasons(Some(&healthy(now, 0)), later)[0].contains("31s ago (max 30s)"));
+        assert!(READINESS.reasons(None, now)[0].contains("not connected"));
+    }
+}
