@@ -176,7 +176,7 @@ pub async fn notify_trigger_channel<C: ConnectionTrait>(db: &C) -> Result<Option
         return Ok(None);
     }
     let sql = format!(
-        "SELECT convert_from(tgargs, 'UTF8') AS args FROM pg_trigger \
+        "SELECT replace(encode(tgargs, 'escape'), '\\000', '') AS args FROM pg_trigger \
          WHERE tgname = '{TRIGGER_NAME}' AND tgrelid = to_regclass('outbox_events')"
     );
     let row = db
@@ -187,8 +187,8 @@ pub async fn notify_trigger_channel<C: ConnectionTrait>(db: &C) -> Result<Option
     let args: String = row
         .try_get("", "args")
         .map_err(|e| store_error("read the notify trigger", "outbox_events", DbBackend::Postgres, e))?;
-    // `tgargs` holds each argument followed by a NUL byte.
-    Ok(Some(args.trim_end_matches('\0').to_owned()))
+    // `tgargs` holds each argument followed by a NUL byte (`\000` in the escape encoding).
+    Ok(Some(args))
 }
 
 /// The notify trigger as a migration, for an app that adds the outbox migrations to its own `Migrator`:
