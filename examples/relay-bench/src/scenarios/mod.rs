@@ -1,5 +1,6 @@
 //! The scenarios, and what they share: the run context, backlog filling and timed drains.
 
+pub mod commit_rate;
 pub mod enqueue_tax;
 pub mod latency;
 pub mod nats;
@@ -20,7 +21,7 @@ use crate::report::Run;
 use crate::target::Target;
 
 /// Every scenario name, in run order.
-pub const ALL: [&str; 12] = [
+pub const ALL: [&str; 13] = [
     "aggregates",
     "backlog",
     "batch",
@@ -31,6 +32,7 @@ pub const ALL: [&str; 12] = [
     "burst-after-vacuum",
     "enqueue-tax",
     "latency",
+    "commit-rate",
     "rss",
     "nats",
 ];
@@ -49,6 +51,8 @@ pub struct Ctx {
     pub out: Option<PathBuf>,
     /// Directory for SVG plots.
     pub plots: Option<PathBuf>,
+    /// The latency scenario measures the cross-process LISTEN/NOTIFY wake-up (PostgreSQL).
+    pub notify: bool,
 }
 
 impl Ctx {
@@ -77,6 +81,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> Result<()> {
         "burst-after-vacuum" => throughput::burst(ctx).await,
         "enqueue-tax" => enqueue_tax::run(ctx).await,
         "latency" => latency::run(ctx).await,
+        "commit-rate" => commit_rate::run(ctx).await,
         "rss" => rss::run(ctx).await,
         "nats" => nats::run(ctx).await,
         other => anyhow::bail!("unknown scenario {other:?}; expected one of {}", ALL.join(", ")),
