@@ -22,11 +22,14 @@
 //!   retrying every poll, and counts towards [`Health::consecutive_failures`].
 //! - one cleanup task: every [`CleanupConfig::interval`], under the store's database lock
 //!   ([`OutboxStore::try_lock`]) so that of N replicas one deletes, it removes published outbox rows older
-//!   than the outbox retention and, when an inbox retention is set, inbox rows older than that, in batches
-//!   of separate statements. It shares nothing with the relay tasks, so a long cleanup never delays a
+//!   than the outbox retention (in CDC mode, [`CleanupConfig::delete_unpublished_after`], also unpublished
+//!   rows by age) and, when an inbox retention is set, inbox rows older than that, in batches of separate
+//!   statements. It shares nothing with the relay tasks, so a long cleanup never delays a
 //!   publish.
 //! - one stats sampler: [`OutboxStore::stats`] every [`ServiceConfig::stats_interval`], for
 //!   [`Health::stats`] (the oldest pending event's age is what to alert on).
+//! - the tasks given to [`OutboxServiceBuilder::with_task`], e.g. a LISTEN/NOTIFY wake-up source, with the
+//!   service's shutdown token.
 //!
 //! ## Shutdown
 //! [`OutboxService::shutdown`] cancels every task and waits for them. A relay claims nothing more; a pass in
@@ -61,7 +64,7 @@ pub struct CleanupConfig {
     /// Time between cleanups (default 5 minutes). The first runs after this or 10 s, whichever is less.
     pub interval: Duration,
     /// Published outbox rows older than this are deleted (default 7 days). Unpublished rows, dead ones
-    /// included, are never deleted by a cleanup.
+    /// included, are never deleted by a cleanup, unless [`CleanupConfig::delete_unpublished_after`] is set.
     pub outbox_retention: Duration,
     /// Inbox rows processed longer ago than this are deleted; `None` (the default) keeps them, since a
     /// deleted inbox row can no longer catch a duplicate. Must exceed the relay's
