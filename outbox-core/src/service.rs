@@ -22,11 +22,14 @@
 //!   retrying every poll, and counts towards [`Health::consecutive_failures`].
 //! - one cleanup task: every [`CleanupConfig::interval`], under the store's database lock
 //!   ([`OutboxStore::try_lock`]) so that of N replicas one deletes, it removes published outbox rows older
-//!   than the outbox retention and, when an inbox retention is set, inbox rows older than that, in batches
-//!   of separate statements. It shares nothing with the relay tasks, so a long cleanup never delays a
+//!   than the outbox retention (in CDC mode, [`CleanupConfig::delete_unpublished_after`], also unpublished
+//!   rows by age) and, when an inbox retention is set, inbox rows older than that, in batches of separate
+//!   statements. It shares nothing with the relay tasks, so a long cleanup never delays a
 //!   publish.
 //! - one stats sampler: [`OutboxStore::stats`] every [`ServiceConfig::stats_interval`], for
 //!   [`Health::stats`] (the oldest pending event's age is what to alert on).
+//! - the tasks given to [`OutboxServiceBuilder::with_task`], e.g. a LISTEN/NOTIFY wake-up source, with the
+//!   service's shutdown token.
 //!
 //! ## Shutdown
 //! [`OutboxService::shutdown`] cancels every task and waits for them. A relay claims nothing more; a pass in
@@ -61,7 +64,7 @@ pub struct CleanupConfig {
     /// Time between cleanups (default 5 minutes). The first runs after this or 10 s, whichever is less.
     pub interval: Duration,
     /// Published outbox rows older than this are deleted (default 7 days). Unpublished rows, dead ones
-    /// included, are never deleted by a cleanup.
+    /// included, are never deleted by a cleanup, unless [`CleanupConfig::delete_unpublished_after`] is set.
     pub outbox_retention: Duration,
     /// Inbox rows processed longer ago than this are deleted; `None` (the default) keeps them, since a
     /// deleted inbox row can no longer catch a duplicate. Must exceed the relay's
@@ -69,6 +72,13 @@ pub struct CleanupConfig {
     pub inbox_retention: Option<Duration>,
     /// Most rows per `DELETE` statement (default 1000): each statement is its own short transaction.
     pub batch_size: u32,
+    /// CDC mode: outbox rows created longer ago than this are deleted **whether or not they were
+    /// published** (default `None`: never delete an unpublished row). For a deployment where a log-based
+    /// reader (Debezium's Outbox Event Router) publishes from the write-ahead log, so no relay ever marks
+    /// a row published; see DEBEZIUM.md. Never set it while a relay publishes from the table: an event
+    /// older than this that the relay has not published yet would be lost. Must exceed the relay's
+    /// [`RelayConfig::redelivery_horizon`].
+    pub delete_unpublished_after: Option<Duration>,
 }
 
 impl Default for CleanupConfig {
@@ -78,6 +88,7 @@ impl Default for CleanupConfig {
             outbox_retention: Duration::from_secs(7 * 86_400),
             inbox_retention: None,
             batch_size: 1000,
+            delete_unpublished_after: None,
         }
     }
 }
@@ -98,6 +109,11 @@ impl CleanupConfig {
         self.inbox_retention = Some(retention);
         self
     }
+    /// Sets [`CleanupConfig::delete_unpublished_after`]: CDC mode, where rows are deleted by age alone.
+    pub fn with_delete_unpublished_after(mut self, retention: Duration) -> Self {
+        self.delete_unpublished_after = Some(retention);
+        self
+    }
     /// Sets [`CleanupConfig::batch_size`].
     pub fn with_batch_size(mut self, batch_size: u32) -> Self {
         self.batch_size = batch_size;
@@ -115,6 +131,18 @@ impl CleanupConfig {
                 "cleanup.batch_size",
                 format!("is {}; expected 1..=100000", self.batch_size),
             ));
+        }
+        if let Some(age) = self.delete_unpublished_after {
+            let horizon = relay.redelivery_horizon();
+            if age <= horizon {
+                return Err(Error::invalid_config(
+                    "cleanup.delete_unpublished_after",
+                    format!(
+                        "is {age:?}, not longer than the relay's redelivery horizon of {horizon:?}: unpublished rows \
+                         are deleted by age alone in CDC mode, so keep them well past any retry; keep them for days"
+                    ),
+                ));
+            }
         }
         if let Some(inbox) = self.inbox_retention {
             let horizon = relay.redelivery_horizon();
@@ -249,7 +277,10 @@ pub struct OutboxServiceBuilder<S, P> {
     publisher: P,
     config: ServiceConfig,
     shutdown: Option<CancellationToken>,
+    tasks: Vec<ExtraTask>,
 }
+
+type ExtraTask = Box<dyn FnOnce(CancellationToken) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
 impl<S: OutboxStore + 'static, P: Publisher + 'static> OutboxServiceBuilder<S, P> {
     /// Replaces every setting.
@@ -294,13 +325,27 @@ impl<S: OutboxStore + 'static, P: Publisher + 'static> OutboxServiceBuilder<S, P
         self
     }
 
+    /// Runs `task` alongside the relays for as long as the service runs: it is started by
+    /// [`start`](Self::start) with the service's shutdown token, and [`OutboxService::shutdown`] waits for
+    /// it. For a wake-up source such as `outbox_seaorm`'s LISTEN/NOTIFY listener
+    /// (`.with_task(move |stop| listener.run(stop))`); the task should return soon after the token is
+    /// cancelled.
+    pub fn with_task<F, Fut>(mut self, task: F) -> Self
+    where
+        F: FnOnce(CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.push(Box::new(move |token| Box::pin(task(token))));
+        self
+    }
+
     /// Validates the settings and starts the tasks on the current Tokio runtime.
     pub fn start(self) -> Result<OutboxService> {
         self.config.validate()?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::invalid_config("runtime", "start() was called outside a Tokio runtime"));
         }
-        let OutboxServiceBuilder { store, publisher, config, shutdown } = self;
+        let OutboxServiceBuilder { store, publisher, config, shutdown, tasks } = self;
         let shutdown = shutdown.unwrap_or_default();
         let (store, publisher) = (Arc::new(store), Arc::new(publisher));
         let health = SharedHealth::default();
@@ -319,6 +364,9 @@ impl<S: OutboxStore + 'static, P: Publisher + 'static> OutboxServiceBuilder<S, P
             tracker.spawn(cleanup_loop(store.clone(), cleanup, shutdown.clone(), health.clone()));
         }
         tracker.spawn(sample_loop(store, config.stats_interval, shutdown.clone(), health.clone()));
+        for task in tasks {
+            tracker.spawn(task(shutdown.clone()));
+        }
         tracker.close();
         tracing::info!(relays = config.relays, cleanup = config.cleanup.is_some(), "outbox service started");
         Ok(OutboxService { shutdown, tracker, health })
@@ -361,7 +409,7 @@ impl OutboxService {
         store: S,
         publisher: P,
     ) -> OutboxServiceBuilder<S, P> {
-        OutboxServiceBuilder { store, publisher, config: ServiceConfig::default(), shutdown: None }
+        OutboxServiceBuilder { store, publisher, config: ServiceConfig::default(), shutdown: None, tasks: Vec::new() }
     }
 
     /// The current health figures.
@@ -433,7 +481,15 @@ async fn cleanup_loop<S: OutboxStore>(
 async fn cleanup_once<S: OutboxStore>(store: &S, config: &CleanupConfig) -> Result<Option<(u64, u64)>> {
     let Some(lock) = store.try_lock(CLEANUP_LOCK).await? else { return Ok(None) };
     let now = Utc::now();
-    let outbox = store.cleanup(now, config.outbox_retention, config.batch_size).await;
+    let outbox = match config.delete_unpublished_after {
+        Some(age) => match store.cleanup(now, config.outbox_retention, config.batch_size).await {
+            Ok(published) => {
+                store.cleanup_unpublished(now, age, config.batch_size).await.map(|unpublished| published + unpublished)
+            }
+            Err(error) => Err(error),
+        },
+        None => store.cleanup(now, config.outbox_retention, config.batch_size).await,
+    };
     let inbox = match config.inbox_retention {
         Some(retention) if outbox.is_ok() => store.cleanup_inbox(now, retention, config.batch_size).await,
         _ => Ok(0),

@@ -123,6 +123,24 @@ pub trait OutboxStore: Send + Sync {
     /// Deletes published rows older than `retention`, at most `batch` rows per statement; returns how many.
     fn cleanup(&self, now: DateTime<Utc>, retention: Duration, batch: u32) -> impl Future<Output = Result<u64>> + Send;
 
+    /// CDC mode ([`CleanupConfig::delete_unpublished_after`](crate::CleanupConfig)): deletes rows created
+    /// before `now - age` whether or not they were published, at most `batch` rows per statement; returns
+    /// how many. The default refuses, so a store that cannot do it never silently keeps growing.
+    fn cleanup_unpublished(
+        &self,
+        now: DateTime<Utc>,
+        age: Duration,
+        batch: u32,
+    ) -> impl Future<Output = Result<u64>> + Send {
+        let _ = (now, age, batch);
+        async {
+            Err(crate::Error::invalid_config(
+                "cleanup.delete_unpublished_after",
+                "this store cannot delete unpublished rows (CDC mode)",
+            ))
+        }
+    }
+
     /// Makes dead rows due again with a fresh attempt count; returns how many.
     fn replay_dead(&self, now: DateTime<Utc>) -> impl Future<Output = Result<u64>> + Send;
 
@@ -217,6 +235,15 @@ impl<S: OutboxStore> OutboxStore for Arc<S> {
 
     fn replay_dead(&self, now: DateTime<Utc>) -> impl Future<Output = Result<u64>> + Send {
         (**self).replay_dead(now)
+    }
+
+    fn cleanup_unpublished(
+        &self,
+        now: DateTime<Utc>,
+        age: Duration,
+        batch: u32,
+    ) -> impl Future<Output = Result<u64>> + Send {
+        (**self).cleanup_unpublished(now, age, batch)
     }
 
     fn cleanup_inbox(

@@ -4,8 +4,9 @@
 //! One process-wide counter in a [`tokio::sync::watch`] channel: [`wake_relays`] bumps it, and every relay
 //! remembers the value it saw before its last pass. A relay that finds the value changed when it is about
 //! to sleep passes again at once, so a wake-up that arrives while a relay is busy is never lost. Polling
-//! stays the fallback for everything a signal cannot see: other processes, a missed or early signal, rows
-//! whose backoff ends.
+//! stays the fallback for everything a signal cannot see: other processes (unless a listener such as
+//! `outbox_seaorm::notify::NotifyListener` turns their PostgreSQL notifications into [`wake_relays`]
+//! calls), a missed or early signal, rows whose backoff ends.
 
 use std::sync::LazyLock;
 

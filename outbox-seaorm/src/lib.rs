@@ -65,6 +65,7 @@ mod inbox;
 mod lock;
 #[cfg(feature = "migrations")]
 pub mod migration;
+pub mod notify;
 mod sql;
 mod store;
 

@@ -96,7 +96,7 @@ enum Command {
     /// Apply the outbox migrations; safe when several replicas start at once.
     Migrate,
     /// Print the backlog: pending, dead, oldest pending age, per aggregate type and event type.
-    Stats(JsonArgs),
+    Stats(StatsArgs),
     /// List, show, replay or discard dead events.
     #[command(subcommand)]
     Dead(DeadCommand),
@@ -104,6 +104,36 @@ enum Command {
     Cleanup(CleanupArgs),
     /// Check the connection, the migrations, that the database is a writable primary, and clock skew.
     Check(CheckArgs),
+    /// PostgreSQL LISTEN/NOTIFY wake-ups: install, remove or show the notify trigger on `outbox_events`.
+    #[command(subcommand)]
+    Notify(NotifyCommand),
+}
+
+#[derive(Subcommand)]
+enum NotifyCommand {
+    /// Install (or re-point) the trigger that notifies the channel after each insert into the outbox.
+    Install(ChannelArgs),
+    /// Remove the trigger: no writer notifies any more (relays still poll).
+    Remove,
+    /// Print the channel the installed trigger notifies, or that none is installed.
+    Status,
+}
+
+#[derive(Args)]
+struct ChannelArgs {
+    /// The NOTIFY channel (a lower-case identifier).
+    #[arg(long, env = "OUTBOX_NOTIFY_CHANNEL", default_value = outbox_seaorm::notify::DEFAULT_CHANNEL)]
+    notify_channel: outbox_seaorm::notify::NotifyChannel,
+}
+
+#[derive(Args)]
+struct StatsArgs {
+    #[command(flatten)]
+    output: JsonArgs,
+    /// CDC mode: Debezium publishes from the write-ahead log and no row is ever marked published, so print
+    /// the rows kept and the oldest row's age instead of a backlog.
+    #[arg(long, env = "OUTBOX_CDC")]
+    cdc: bool,
 }
 
 #[derive(Args)]
@@ -218,6 +248,12 @@ struct RelayArgs {
     /// /health/ready answers 503 when no relay pass succeeded for this long.
     #[arg(long, env = "OUTBOX_READY_MAX_PASS_AGE", default_value = "30s", value_parser = duration::parse)]
     ready_max_pass_age: Duration,
+    /// PostgreSQL: LISTEN on the notify channel and pass as soon as another process commits outbox rows
+    /// (install the trigger with `outbox notify install`); the poll stays the fallback.
+    #[arg(long, env = "OUTBOX_LISTEN")]
+    listen: bool,
+    #[command(flatten)]
+    channel: ChannelArgs,
 }
 
 #[derive(Subcommand)]
@@ -333,6 +369,10 @@ struct CleanupArgs {
     /// Most rows per statement.
     #[arg(long, env = "OUTBOX_CLEANUP_BATCH_SIZE", default_value_t = 1000)]
     cleanup_batch_size: u32,
+    /// CDC mode: Debezium publishes from the write-ahead log and no row is ever marked published, so
+    /// delete every outbox row older than --outbox-retention, published or not. Never with a relay running.
+    #[arg(long, env = "OUTBOX_CDC")]
+    cdc: bool,
     #[command(flatten)]
     shape: RelayShape,
 }
@@ -419,7 +459,7 @@ fn percent_decode(text: &str) -> String {
 
 async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let pool_size = match &cli.command {
-        Command::Relay(args) => args.relays + 4,
+        Command::Relay(args) => args.relays + 4 + u32::from(args.listen),
         _ => 4,
     };
     let db = open(&cli.db, pool_size).await?;
@@ -437,10 +477,11 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 n => println!("outbox migrations: applied {n} ({})", pending.join(", ")),
             }
         }
-        Command::Stats(output) => {
+        Command::Stats(args) => {
             migrated(&db).await?;
-            let stats = admin::stats(&db).await?;
-            if output.json {
+            let mode = if args.cdc { admin::StatsMode::Cdc } else { admin::StatsMode::Relay };
+            let stats = admin::stats_in(&db, mode).await?;
+            if args.output.json {
                 println!("{}", serde_json::to_string_pretty(&stats)?);
             } else {
                 print_stats(&stats);
@@ -448,6 +489,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Dead(command) => dead(&db, command).await?,
         Command::Cleanup(args) => cleanup(&db, args).await?,
+        Command::Notify(command) => notify(&db, command).await?,
         Command::Check(args) => {
             let options = CheckOptions { max_clock_skew: args.max_clock_skew, migration_table: args.migration_table };
             let report = admin::check(&db, &options).await;
@@ -511,6 +553,10 @@ async fn ready_to_write(db: &DatabaseConnection) -> Result<(), CliError> {
 }
 
 fn print_stats(stats: &admin::Stats) {
+    if let (Some(rows), Some(oldest)) = (stats.rows, stats.oldest_row_seconds) {
+        println!("CDC mode: {rows} row(s) kept, oldest {oldest} s (no backlog here: watch the connector's lag)");
+        return;
+    }
     println!(
         "pending {}, dead {}, oldest pending {} s, most attempts {}",
         stats.pending, stats.dead, stats.oldest_pending_seconds, stats.max_attempts
@@ -580,6 +626,9 @@ async fn cleanup(db: &DatabaseConnection, args: CleanupArgs) -> Result<(), CliEr
     if let Some(retention) = args.inbox_retention {
         config = config.with_inbox_retention(retention);
     }
+    if args.cdc {
+        config = config.with_delete_unpublished_after(args.outbox_retention);
+    }
     config.validate(&args.shape.config())?;
     let report = admin::cleanup(db, &config, |progress| {
         println!("{}: deleted {} (total {})", progress.table.table_name(), progress.deleted, progress.total);
@@ -589,6 +638,28 @@ async fn cleanup(db: &DatabaseConnection, args: CleanupArgs) -> Result<(), CliEr
         println!("skipped: another process holds the cleanup lock");
     } else {
         println!("done: {} outbox row(s), {} inbox row(s) deleted", report.outbox_deleted, report.inbox_deleted);
+    }
+    Ok(())
+}
+
+async fn notify(db: &DatabaseConnection, command: NotifyCommand) -> Result<(), CliError> {
+    use outbox_seaorm::notify;
+    migrated(db).await?;
+    match command {
+        NotifyCommand::Install(args) => {
+            ready_to_write(db).await?;
+            notify::install_notify_trigger(db, &args.notify_channel).await?;
+            println!("notify trigger installed: inserts into outbox_events notify {}", args.notify_channel);
+        }
+        NotifyCommand::Remove => {
+            ready_to_write(db).await?;
+            notify::remove_notify_trigger(db).await?;
+            println!("notify trigger removed");
+        }
+        NotifyCommand::Status => match notify::notify_trigger_channel(db).await? {
+            Some(channel) => println!("notify trigger installed: channel {channel}"),
+            None => println!("no notify trigger installed (relays wake by polling and in-process commits)"),
+        },
     }
     Ok(())
 }

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use outbox_seaorm::admin;
 use outbox_seaorm::{
     CancellationToken, CleanupConfig, DeadLetterPolicy, Health, OutboxService, SeaOrmStore, ServiceConfig, redact_url,
 };
+use outbox_seaorm::{admin, notify};
 use sea_orm::DatabaseConnection;
 
 use crate::{CliError, RelayArgs, broker, http};
@@ -58,10 +58,21 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
         tracing::info!("stopped before the broker answered");
         return Ok(());
     };
-    let service = OutboxService::builder(SeaOrmStore::new(db), publisher)
-        .config(config.clone())
-        .shutdown_on(&shutdown)
-        .start()?;
+    let store = SeaOrmStore::new(db.clone());
+    let mut builder = OutboxService::builder(store.clone(), publisher).config(config.clone()).shutdown_on(&shutdown);
+    if args.listen {
+        let channel = args.channel.notify_channel.clone();
+        match notify::notify_trigger_channel(&db).await? {
+            Some(installed) if installed == channel.as_str() => {}
+            Some(installed) => tracing::warn!(%channel, %installed,
+                "the notify trigger notifies another channel: this relay will only wake by polling"),
+            None => tracing::warn!(%channel,
+                "--listen without a notify trigger: nothing notifies; run `outbox notify install`"),
+        }
+        let listener = store.notify_listener(channel)?;
+        builder = builder.with_task(move |stop| listener.run(stop));
+    }
+    let service = builder.start()?;
     // With --http, the probes read the service from here on.
     let slot = http.map(|shared| shared.service).unwrap_or_default();
     let service = slot.get_or_init(move || service);
@@ -71,6 +82,7 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
         relays = config.relays,
         poll = ?config.relay.poll_interval,
         cleanup = config.cleanup.is_some(),
+        listen = args.listen,
         "outbox relay running; stop it with SIGTERM or SIGINT"
     );
     loop {

@@ -54,6 +54,9 @@ struct Args {
     /// Time budget of one drain in seconds (default 120, or 2 with --quick).
     #[arg(long)]
     max_seconds: Option<u64>,
+    /// latency: measure a writer in another process, woken by LISTEN/NOTIFY against the poll (PostgreSQL).
+    #[arg(long)]
+    notify: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -73,6 +76,16 @@ enum Command {
         /// Time budget in seconds.
         #[arg(long, default_value_t = 120)]
         max_seconds: u64,
+    },
+    /// Enqueue at a steady rate into the target the parent prepared (used by `latency --notify`).
+    #[command(hide = true)]
+    WriteSteady {
+        /// Events per second.
+        #[arg(long)]
+        rate: u32,
+        /// How long.
+        #[arg(long)]
+        seconds: u64,
     },
 }
 
@@ -110,6 +123,10 @@ async fn run() -> Result<()> {
         let target = targets(None)?.remove(0);
         return scenarios::rss::drain_only(target, what, *events, Duration::from_secs(*max_seconds)).await;
     }
+    if let Some(Command::WriteSteady { rate, seconds }) = &args.command {
+        let target = targets(None)?.remove(0);
+        return scenarios::latency::write_steady_child(target, *rate, *seconds).await;
+    }
     let names: Vec<String> = if args.scenario.is_empty() {
         scenarios::ALL.iter().map(|s| (*s).to_owned()).collect()
     } else {
@@ -128,7 +145,15 @@ async fn run() -> Result<()> {
     for target in targets(args.backend.as_deref())? {
         let started = Instant::now();
         eprintln!("relay-bench: {} at {}", target.label(), target::redact(&target.url));
-        let ctx = Ctx { target, quick: args.quick, rounds, budget, out: args.out.clone(), plots: args.plots.clone() };
+        let ctx = Ctx {
+            target,
+            quick: args.quick,
+            rounds,
+            budget,
+            out: args.out.clone(),
+            plots: args.plots.clone(),
+            notify: args.notify,
+        };
         for name in &names {
             scenarios::run(&ctx, name).await?;
         }

@@ -19,6 +19,9 @@ use crate::error::{Error, Result, store_error};
 pub enum CleanupTable {
     /// `outbox_events`: published rows only.
     Outbox,
+    /// `outbox_events` in CDC mode ([`CleanupConfig::delete_unpublished_after`]): rows created before the
+    /// cutoff, published or not.
+    OutboxByAge,
     /// `inbox_messages`.
     Inbox,
 }
@@ -27,7 +30,7 @@ impl CleanupTable {
     /// The table's name.
     pub fn table_name(self) -> &'static str {
         match self {
-            CleanupTable::Outbox => "outbox_events",
+            CleanupTable::Outbox | CleanupTable::OutboxByAge => "outbox_events",
             CleanupTable::Inbox => "inbox_messages",
         }
     }
@@ -47,7 +50,7 @@ pub struct CleanupProgress {
 /// What a [`cleanup`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct CleanupReport {
-    /// Published outbox rows deleted.
+    /// Outbox rows deleted: published ones, plus in CDC mode the old unpublished ones.
     pub outbox_deleted: u64,
     /// Inbox rows deleted.
     pub inbox_deleted: u64,
@@ -57,7 +60,10 @@ pub struct CleanupReport {
 
 /// Deletes published outbox rows older than `config.outbox_retention` and, when set, inbox rows older
 /// than `config.inbox_retention`, `config.batch_size` rows per statement, calling `progress` after each
-/// batch. Unpublished rows (dead ones included) are never deleted.
+/// batch. Unpublished rows (dead ones included) are never deleted, except in CDC mode: with
+/// [`CleanupConfig::delete_unpublished_after`] set, rows created longer ago than that are deleted too,
+/// published or not (for an outbox that Debezium reads from the write-ahead log, where no relay marks
+/// rows published).
 ///
 /// Runs under the same database lock as the [`OutboxService`](crate::OutboxService)'s cleanup: when
 /// another process holds it, nothing is deleted and the report says `skipped`. Check the inbox retention
@@ -84,6 +90,13 @@ pub async fn cleanup(
         report.outbox_deleted = delete_in_batches(db, CleanupTable::Outbox, cutoff, config.batch_size, &mut progress)
             .await
             .map_err(|e| store_error("delete published rows", "outbox_events", backend, e))?;
+        if let Some(age) = config.delete_unpublished_after {
+            let cutoff = cutoff_ms(now_ms, age);
+            report.outbox_deleted +=
+                delete_in_batches(db, CleanupTable::OutboxByAge, cutoff, config.batch_size, &mut progress)
+                    .await
+                    .map_err(|e| store_error("delete old rows (CDC mode)", "outbox_events", backend, e))?;
+        }
         if let Some(retention) = config.inbox_retention {
             let cutoff = cutoff_ms(now_ms, retention);
             report.inbox_deleted = delete_in_batches(db, CleanupTable::Inbox, cutoff, config.batch_size, &mut progress)
@@ -135,12 +148,14 @@ async fn delete_batch<C: ConnectionTrait>(
     let mysql = conn.get_database_backend() == DbBackend::MySql;
     let mut delete = Query::delete();
     match table {
-        CleanupTable::Outbox => {
+        CleanupTable::Outbox | CleanupTable::OutboxByAge => {
             use outbox_event::{Column, Entity};
-            let old = || {
-                Cond::all()
+            let old = || match table {
+                // Rows are in `seq` order of creation, so the oldest-first scan by `seq` stops early.
+                CleanupTable::OutboxByAge => Cond::all().add(Expr::col(Column::CreatedAtMs).lt(cutoff_ms)),
+                _ => Cond::all()
                     .add(Expr::col(Column::PublishedAtMs).is_not_null())
-                    .add(Expr::col(Column::PublishedAtMs).lt(cutoff_ms))
+                    .add(Expr::col(Column::PublishedAtMs).lt(cutoff_ms)),
             };
             delete.from_table(Entity);
             if mysql {

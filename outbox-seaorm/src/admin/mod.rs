@@ -29,7 +29,7 @@ mod stats;
 pub use check::{Check, CheckOptions, CheckReport, check, clock_skew, pending_migrations, read_only_reason};
 pub use cleanup::{CleanupProgress, CleanupReport, CleanupTable, cleanup};
 pub use dead::{DeadEvent, DeadFilter, discard_dead, list_dead, replay_dead, show_dead};
-pub use stats::{GroupStats, Stats, stats};
+pub use stats::{GroupStats, Stats, StatsMode, stats, stats_in};
 
 pub use outbox_runtime::CleanupConfig;
 

@@ -23,10 +23,33 @@ pub struct GroupStats {
     pub max_attempts: i32,
 }
 
+/// Who publishes the outbox, which decides what "pending" means.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatsMode {
+    /// A relay publishes and marks rows (the default): unpublished rows are the backlog to alert on.
+    #[default]
+    Relay,
+    /// A log-based reader (Debezium) publishes from the write-ahead log and never marks rows: every row
+    /// stays unpublished until cleanup deletes it by age, so there is no backlog to read here (watch the
+    /// connector's lag instead). [`Stats`] reports the rows kept and the oldest row's age, which shows
+    /// whether the cleanup keeps up.
+    Cdc,
+}
+
 /// The whole backlog, and the same figures per aggregate type and per event type (each sorted by name).
 /// Serialises to JSON as `outbox stats --json` prints it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Stats {
+    /// How the figures were read.
+    pub mode: StatsMode,
+    /// CDC mode: rows in `outbox_events` (`None` in relay mode, which does not read published rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rows: Option<u64>,
+    /// CDC mode: age in whole seconds of the oldest row, 0 when none; it should stay near the cleanup's
+    /// retention (`None` in relay mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_row_seconds: Option<u64>,
     /// Unpublished events that will still be tried.
     pub pending: u64,
     /// Unpublished events that are dead (replay or discard them: `outbox dead`).
@@ -52,6 +75,15 @@ pub struct Stats {
 /// # Ok(()) }
 /// ```
 pub async fn stats<C: ConnectionTrait>(db: &C) -> Result<Stats> {
+    stats_in(db, StatsMode::Relay).await
+}
+
+/// [`stats`] for `mode`: in [`StatsMode::Cdc`] one read of the row count and the oldest row, and no
+/// pending or dead figures (nothing is ever marked, so they would only say "everything is late").
+pub async fn stats_in<C: ConnectionTrait>(db: &C, mode: StatsMode) -> Result<Stats> {
+    if mode == StatsMode::Cdc {
+        return cdc_stats(db).await;
+    }
     let backend = db.get_database_backend();
     let error = |e| store_error("read stats", "outbox_events", backend, e);
     let now_ms = Utc::now().timestamp_millis();
@@ -67,6 +99,28 @@ pub async fn stats<C: ConnectionTrait>(db: &C) -> Result<Stats> {
     stats.by_aggregate_type = by_aggregate_type;
     stats.by_event_type = by_event_type;
     Ok(stats)
+}
+
+async fn cdc_stats<C: ConnectionTrait>(db: &C) -> Result<Stats> {
+    let backend = db.get_database_backend();
+    let error = |e| store_error("read stats (CDC mode)", "outbox_events", backend, e);
+    let now_ms = Utc::now().timestamp_millis();
+    let mut query = Query::select();
+    query
+        .expr_as(Expr::cust("COUNT(*)"), Alias::new("total"))
+        .expr_as(Expr::cust("MIN(created_at_ms)"), Alias::new("oldest"))
+        .from(Entity);
+    let row = db.query_one(&query).await.map_err(error)?;
+    let (rows, oldest) = match row {
+        Some(row) => (count(&row, "total").map_err(error)?, row.try_get::<Option<i64>>("", "oldest").map_err(error)?),
+        None => (0, None),
+    };
+    Ok(Stats {
+        mode: StatsMode::Cdc,
+        rows: Some(rows),
+        oldest_row_seconds: Some(oldest.map(|created| Ord::max(now_ms - created, 0) as u64 / 1000).unwrap_or(0)),
+        ..Stats::default()
+    })
 }
 
 async fn grouped<C: ConnectionTrait>(db: &C, by: Column, now_ms: i64) -> std::result::Result<Vec<GroupStats>, DbErr> {

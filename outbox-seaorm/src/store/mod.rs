@@ -57,6 +57,14 @@ impl SeaOrmStore {
         &self.db
     }
 
+    /// A [`NotifyListener`](crate::notify::NotifyListener) on `channel` over this store's pool, which wakes
+    /// this process's relays when another process commits outbox rows (with the notify trigger
+    /// installed: see [`notify`](crate::notify)). PostgreSQL only.
+    #[cfg(feature = "sqlx-postgres")]
+    pub fn notify_listener(&self, channel: crate::notify::NotifyChannel) -> Result<crate::notify::NotifyListener> {
+        crate::notify::NotifyListener::new(&self.db, channel)
+    }
+
     fn backend(&self) -> DbBackend {
         self.db.get_database_backend()
     }
@@ -197,6 +205,18 @@ impl OutboxStore for SeaOrmStore {
             tracing::info!(rearmed, "cleanup found aggregates with due events but no hint, and re-armed them");
         }
         tracing::debug!(deleted, "outbox cleanup done");
+        Ok(deleted)
+    }
+
+    async fn cleanup_unpublished(&self, now: DateTime<Utc>, age: Duration, batch: u32) -> Result<u64> {
+        if batch == 0 {
+            return Err(Error::invalid_config("cleanup batch", "is 0; expected at least 1"));
+        }
+        let cutoff = admin::cutoff_ms(now.timestamp_millis(), age);
+        let deleted = admin::delete_in_batches(&self.db, CleanupTable::OutboxByAge, cutoff, batch, &mut |_| {})
+            .await
+            .map_err(self.err("delete old rows (CDC mode)"))?;
+        tracing::debug!(deleted, "outbox cleanup by age (CDC mode) done");
         Ok(deleted)
     }
 

@@ -1,14 +1,97 @@
 //! Commit → publish latency of `Relay::run` (polling, and woken by each `enqueue_all` commit), while a
 //! writer enqueues at a steady rate.
+//!
+//! With `--notify` (PostgreSQL), the writer is another process (this binary's hidden `write-steady`
+//! command), so the in-process wake-up cannot reach the relay: the cells compare the poll alone with the
+//! LISTEN/NOTIFY wake-up (the notify trigger and a `NotifyListener` in the relay's process).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use outbox_seaorm::notify::{self, NotifyChannel};
 use outbox_seaorm::{CancellationToken, NewEvent, OutboxEvent, PublishError, Publisher, Relay, SeaOrmStore};
+use sea_orm::DatabaseConnection;
 
 use super::{Ctx, config};
 use crate::report::{Series, Table, fmt, plot, quantile, summary};
+use crate::target::{Target, URL_VAR};
+
+/// Who writes, and what wakes the relay.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// The writer shares the relay's process: `enqueue_all` wakes it after each commit.
+    InProcess,
+    /// The writer is another process; the relay polls.
+    OtherProcessPoll,
+    /// The writer is another process; the notify trigger and a listener wake the relay.
+    OtherProcessNotify,
+}
+
+impl Wake {
+    fn name(self) -> &'static str {
+        match self {
+            Wake::InProcess => "in-process",
+            Wake::OtherProcessPoll => "other process, poll only",
+            Wake::OtherProcessNotify => "other process, LISTEN/NOTIFY",
+        }
+    }
+}
+
+/// Enqueues at `rate` events/s for `duration`: 100 ticks a second, rate/100 events per tick (carrying
+/// the remainder); returns how many.
+async fn write_steady(db: &DatabaseConnection, rate: u32, duration: Duration) -> Result<u64> {
+    let payload = serde_json::json!({"customer": "bench", "total_minor": 4900, "lines": [1, 2, 3]});
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let started = Instant::now();
+    let (mut written, mut owed) = (0u64, 0.0f64);
+    while started.elapsed() < duration {
+        tick.tick().await;
+        owed += f64::from(rate) / 100.0;
+        let n = owed.floor() as u64;
+        owed -= n as f64;
+        let events = (written..written + n)
+            .map(|i| NewEvent::new("order", format!("o{}", i % 10_000), "order.placed", &payload))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !events.is_empty() {
+            outbox_seaorm::enqueue_all(db, &events).await.context("enqueue")?;
+        }
+        written += n;
+    }
+    Ok(written)
+}
+
+/// The child side of `--notify`: write steadily into the target the parent prepared, print one line.
+pub async fn write_steady_child(target: Target, rate: u32, seconds: u64) -> Result<()> {
+    let db = target.connect().await?;
+    let written = write_steady(&db, rate, Duration::from_secs(seconds)).await?;
+    db.close().await.context("close")?;
+    println!("write-steady: written={written}");
+    Ok(())
+}
+
+/// Runs the writer as a child process; returns what it wrote.
+async fn write_in_child(ctx: &Ctx, rate: u32, duration: Duration) -> Result<u64> {
+    let exe = std::env::current_exe().context("locate the bench binary")?;
+    let output = tokio::process::Command::new(exe)
+        .env(URL_VAR, &ctx.target.url)
+        .args(["write-steady", "--rate", &rate.to_string(), "--seconds", &duration.as_secs().to_string()])
+        .output()
+        .await
+        .context("spawn the write-steady child")?;
+    if !output.status.success() {
+        anyhow::bail!("write-steady child failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("write-steady: written="))
+        .context("no write-steady line from the child")?
+        .trim()
+        .parse()
+        .context("written")
+}
 
 /// Confirms at once and records `now - created_at` (ms) of every event.
 #[derive(Clone, Default)]
@@ -27,8 +110,21 @@ impl Publisher for Recorder {
 }
 
 /// One cell: writer at `rate` events/s for `duration` while a relay polls every `poll`; latencies in ms.
-async fn cell(ctx: &Ctx, rate: u32, poll: Duration, duration: Duration) -> Result<Vec<f64>> {
+async fn cell(ctx: &Ctx, rate: u32, poll: Duration, duration: Duration, wake: Wake) -> Result<Vec<f64>> {
     let db = ctx.target.fresh().await?;
+    let stop_listener = CancellationToken::new();
+    let mut listener_task = None;
+    if wake == Wake::OtherProcessNotify {
+        let channel = NotifyChannel::default();
+        notify::install_notify_trigger(&db, &channel).await.context("install the notify trigger")?;
+        let listener = SeaOrmStore::new(ctx.target.connect().await?).notify_listener(channel)?;
+        let stats = listener.stats();
+        listener_task = Some(tokio::spawn(listener.run(stop_listener.clone())));
+        let since = Instant::now();
+        while !stats.get().connected && since.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
     let recorder = Recorder::default();
     let relay = Relay::new(
         SeaOrmStore::new(ctx.target.connect().await?),
@@ -40,25 +136,10 @@ async fn cell(ctx: &Ctx, rate: u32, poll: Duration, duration: Duration) -> Resul
     let token = shutdown.clone();
     let relay_task = tokio::spawn(async move { relay.run(token).await });
 
-    // 100 ticks a second, rate/100 events per tick (carrying the remainder).
-    let payload = serde_json::json!({"customer": "bench", "total_minor": 4900, "lines": [1, 2, 3]});
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let started = Instant::now();
-    let (mut written, mut owed) = (0u64, 0.0f64);
-    while started.elapsed() < duration {
-        tick.tick().await;
-        owed += f64::from(rate) / 100.0;
-        let n = owed.floor() as u64;
-        owed -= n as f64;
-        let events = (written..written + n)
-            .map(|i| NewEvent::new("order", format!("o{}", i % 10_000), "order.placed", &payload))
-            .collect::<Result<Vec<_>, _>>()?;
-        if !events.is_empty() {
-            outbox_seaorm::enqueue_all(&db, &events).await.context("enqueue")?;
-        }
-        written += n;
-    }
+    let written = match wake {
+        Wake::InProcess => write_steady(&db, rate, duration).await?,
+        _ => write_in_child(ctx, rate, duration).await?,
+    };
     let wait = Instant::now();
     while (recorder.0.lock().map(|v| v.len()).unwrap_or(0) as u64) < written && wait.elapsed() < Duration::from_secs(10)
     {
@@ -66,6 +147,10 @@ async fn cell(ctx: &Ctx, rate: u32, poll: Duration, duration: Duration) -> Resul
     }
     shutdown.cancel();
     relay_task.await.context("relay task panicked")?;
+    stop_listener.cancel();
+    if let Some(task) = listener_task {
+        task.await.context("listener task panicked")?;
+    }
     db.close().await.context("close")?;
     let mut seen = recorder.0.lock().map(|v| v.clone()).unwrap_or_default();
     if (seen.len() as u64) < written {
@@ -80,23 +165,35 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
     let duration = Duration::from_secs(ctx.size(10, 3) as u64);
     // The last cell polls at the default 500 ms: with the in-process wake-up (enqueue signals the relay
     // after each commit) its latency no longer follows the poll interval.
-    let cells: Vec<(u32, u64)> = vec![(200, 10), (200, 100), (1000, 10), (1000, 100), (1000, 500)];
+    let cells: Vec<(u32, u64, Wake)> = if ctx.notify {
+        vec![
+            (1000, 500, Wake::OtherProcessPoll),
+            (1000, 500, Wake::OtherProcessNotify),
+            (200, 500, Wake::OtherProcessNotify),
+            (1000, 500, Wake::InProcess),
+        ]
+    } else {
+        [(200, 10), (200, 100), (1000, 10), (1000, 100), (1000, 500)]
+            .into_iter()
+            .map(|(rate, poll)| (rate, poll, Wake::InProcess))
+            .collect()
+    };
     let mut results: Vec<Vec<Vec<f64>>> = vec![Vec::new(); cells.len()];
     for round in 0..ctx.rounds {
-        for (i, (rate, poll)) in cells.iter().enumerate() {
-            let lat = cell(ctx, *rate, Duration::from_millis(*poll), duration)
+        for (i, (rate, poll, wake)) in cells.iter().enumerate() {
+            let lat = cell(ctx, *rate, Duration::from_millis(*poll), duration, *wake)
                 .await
-                .with_context(|| format!("{rate} events/s, poll {poll} ms, round {}", round + 1))?;
+                .with_context(|| format!("{rate} events/s, poll {poll} ms, {}, round {}", wake.name(), round + 1))?;
             results[i].push(lat);
         }
     }
-    let header = ["rate", "poll", "p50 ms", "p90 ms", "p99 ms", "max ms", "p99 vs baseline"];
+    let header = ["rate", "poll", "writer / wake-up", "p50 ms", "p90 ms", "p99 ms", "max ms", "p99 vs baseline"];
     let mut table =
         Table::new(ctx.title(&format!("latency: commit → publish, writer for {} s", duration.as_secs())), &header);
     let stat = |rounds: &[Vec<f64>], q: f64| summary(&rounds.iter().map(|v| quantile(v, q)).collect::<Vec<_>>());
     let cellfmt = |(m, lo, hi): (f64, f64, f64)| format!("{} ({}–{})", fmt(m), fmt(lo), fmt(hi));
     let base_p99 = stat(&results[0], 0.99).0;
-    for (i, ((rate, poll), rounds)) in cells.iter().zip(&results).enumerate() {
+    for (i, ((rate, poll, wake), rounds)) in cells.iter().zip(&results).enumerate() {
         let p99 = stat(rounds, 0.99);
         let ratio = if i == 0 {
             "baseline".to_owned()
@@ -108,6 +205,7 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
         table.row(vec![
             format!("{rate}/s"),
             format!("{poll} ms"),
+            wake.name().to_owned(),
             cellfmt(stat(rounds, 0.5)),
             cellfmt(stat(rounds, 0.9)),
             cellfmt(p99),
@@ -123,13 +221,14 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
         let series: Vec<Series> = cells
             .iter()
             .zip(&results)
-            .map(|((rate, poll), rounds)| {
+            .map(|((rate, poll, wake), rounds)| {
                 let v = rounds.last().cloned().unwrap_or_default();
                 let points = (0..=100).map(|p| (quantile(&v, f64::from(p) / 100.0), f64::from(p))).collect();
-                Series { label: format!("{rate}/s, poll {poll} ms"), points }
+                Series { label: format!("{rate}/s, poll {poll} ms, {}", wake.name()), points }
             })
             .collect();
-        let file = format!("latency-{}.svg", ctx.target.label().to_lowercase());
+        let suffix = if ctx.notify { "-notify" } else { "" };
+        let file = format!("latency{suffix}-{}.svg", ctx.target.label().to_lowercase());
         let title = format!("commit → publish latency CDF ({})", ctx.target.label());
         let path = plot(dir, &file, &title, "latency ms", "percentile", &series, false)?;
         println!("plot: {}", path.display());

@@ -1,5 +1,6 @@
 //! The scenarios, and what they share: the run context, backlog filling and timed drains.
 
+pub mod commit_rate;
 pub mod enqueue_tax;
 pub mod latency;
 pub mod nats;
@@ -21,7 +22,7 @@ use crate::report::Run;
 use crate::target::Target;
 
 /// Every scenario name, in run order.
-pub const ALL: [&str; 13] = [
+pub const ALL: [&str; 14] = [
     "aggregates",
     "backlog",
     "batch",
@@ -32,6 +33,7 @@ pub const ALL: [&str; 13] = [
     "burst-after-vacuum",
     "enqueue-tax",
     "latency",
+    "commit-rate",
     "rss",
     "nats",
     "telemetry",
@@ -51,6 +53,8 @@ pub struct Ctx {
     pub out: Option<PathBuf>,
     /// Directory for SVG plots.
     pub plots: Option<PathBuf>,
+    /// The latency scenario measures the cross-process LISTEN/NOTIFY wake-up (PostgreSQL).
+    pub notify: bool,
 }
 
 impl Ctx {
@@ -79,6 +83,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> Result<()> {
         "burst-after-vacuum" => throughput::burst(ctx).await,
         "enqueue-tax" => enqueue_tax::run(ctx).await,
         "latency" => latency::run(ctx).await,
+        "commit-rate" => commit_rate::run(ctx).await,
         "rss" => rss::run(ctx).await,
         "nats" => nats::run(ctx).await,
         "telemetry" => telemetry::run(ctx).await,
