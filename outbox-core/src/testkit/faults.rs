@@ -304,6 +304,14 @@ impl<P: Publisher> Publisher for FaultyPublisher<P> {
         }
         results
     }
+
+    fn system(&self) -> &'static str {
+        self.inner.system()
+    }
+
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        self.inner.destination_name(event)
+    }
 }
 
 #[cfg(test)]
