@@ -630,10 +630,28 @@ async fn cleanup(db: &DatabaseConnection, args: CleanupArgs) -> Result<(), CliEr
         config = config.with_delete_unpublished_after(args.outbox_retention);
     }
     config.validate(&args.shape.config())?;
+    // A spinner with running totals on a terminal; one plain line per batch otherwise (logs, CI).
+    let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        bar.enable_steady_tick(Duration::from_millis(120));
+        bar
+    });
     let report = admin::cleanup(db, &config, |progress| {
-        println!("{}: deleted {} (total {})", progress.table.table_name(), progress.deleted, progress.total);
+        let line = format!("{}: deleted {} (total {})", progress.table.table_name(), progress.deleted, progress.total);
+        match &bar {
+            Some(bar) => bar.set_message(line),
+            None => println!("{line}"),
+        }
     })
-    .await?;
+    .await;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let report = report?;
     if report.skipped {
         println!("skipped: another process holds the cleanup lock");
     } else {
