@@ -30,6 +30,24 @@ impl Publisher for AnyPublisher {
             AnyPublisher::Redis(p) => p.publish(events).await,
         }
     }
+
+    fn system(&self) -> &'static str {
+        match self {
+            AnyPublisher::Nats(p) => p.system(),
+            AnyPublisher::Kafka(p) => p.system(),
+            AnyPublisher::Rabbit(p) => p.system(),
+            AnyPublisher::Redis(p) => p.system(),
+        }
+    }
+
+    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
+        match self {
+            AnyPublisher::Nats(p) => p.destination_name(event),
+            AnyPublisher::Kafka(p) => p.destination_name(event),
+            AnyPublisher::Rabbit(p) => p.destination_name(event),
+            AnyPublisher::Redis(p) => p.destination_name(event),
+        }
+    }
 }
 
 /// The broker's kind, checked before anything connects (a bad URL is fatal; an unreachable broker is not).
