@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use common::{
     after, count_inbox, count_table, count_unpublished, create_shop_tables, enqueue_committed, event, fast_config,
-    insert_invoice,
 };
 use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::{
-    ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, InMemoryPublisher, InboxOutcome, OutboxStore, Publisher,
-    Relay, SeaOrmStore,
+    ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, InMemoryPublisher, OutboxStore, Publisher, Relay,
+    SeaOrmStore,
 };
 
 /// Claims, publishes to `broker`, and "crashes": the batch is dropped without `complete`.
@@ -34,20 +33,7 @@ async fn publish_then_crash(
 
 /// Feeds every received message to the billing consumer; returns (processed, duplicates).
 async fn bill(t: &TestDb, broker: &InMemoryPublisher) -> (u32, u32) {
-    let (mut processed, mut duplicates) = (0, 0);
-    for message in broker.received() {
-        let order = message.aggregate_id.clone();
-        let outcome = outbox_seaorm::handle_once(&t.db, "billing", &message.id.to_string(), async |txn| {
-            insert_invoice(txn, &order, 4900).await
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{t}: {e}"));
-        match outcome {
-            InboxOutcome::Processed(()) => processed += 1,
-            InboxOutcome::Duplicate => duplicates += 1,
-        }
-    }
-    (processed, duplicates)
+    common::bill(t, broker.received().into_iter().map(|m| (m.id, m.aggregate_id))).await
 }
 
 async fn a_crash_between_publish_and_mark_republishes_and_the_inbox_applies_it_once(t: TestDb) {

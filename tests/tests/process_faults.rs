@@ -10,11 +10,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{after, count_table, count_unpublished, create_shop_tables, enqueue_committed, event, insert_invoice};
+use common::{after, bill, count_table, count_unpublished, create_shop_tables, enqueue_committed, event};
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::{
-    ClaimMode, EventId, InboxOutcome, OutboxEvent, PublishError, Publisher, Relay, RelayConfig, SeaOrmStore,
-};
+use outbox_seaorm::{ClaimMode, EventId, OutboxEvent, PublishError, Publisher, Relay, RelayConfig, SeaOrmStore};
 use sea_orm::{ConnectionTrait, TransactionTrait};
 
 const ROLE: &str = "OUTBOX_FAULT_ROLE";
@@ -138,23 +136,6 @@ fn deliveries(t: &TestDb) -> Vec<(EventId, String)> {
         .collect()
 }
 
-/// The billing consumer over every delivery: (processed, duplicates).
-async fn bill(t: &TestDb) -> (u32, u32) {
-    let (mut processed, mut duplicates) = (0, 0);
-    for (id, order) in deliveries(t) {
-        let outcome = outbox_seaorm::handle_once(&t.db, "billing", &id.to_string(), async |txn| {
-            insert_invoice(txn, &order, 4900).await
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{t}: {e}"));
-        match outcome {
-            InboxOutcome::Processed(()) => processed += 1,
-            InboxOutcome::Duplicate => duplicates += 1,
-        }
-    }
-    (processed, duplicates)
-}
-
 async fn a_relay_killed_between_publish_and_mark(t: TestDb, mode: &str) {
     create_shop_tables(&t).await;
     create_broker(&t);
@@ -183,7 +164,7 @@ async fn a_relay_killed_between_publish_and_mark(t: TestDb, mode: &str) {
     }
     assert_eq!(count_unpublished(&t).await, 0, "{t}: everything published after the crash");
     assert_eq!(deliveries(&t).len(), 6 + first, "{t}: the {first} sent before the crash went out again");
-    let (processed, duplicates) = bill(&t).await;
+    let (processed, duplicates) = bill(&t, deliveries(&t)).await;
     assert_eq!((processed, duplicates as usize), (6, first), "{t}: each event applied once");
     assert_eq!(count_table(&t, "invoices").await, 6, "{t}: one invoice per event");
 }

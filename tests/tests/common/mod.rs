@@ -127,6 +127,24 @@ pub async fn insert_invoice<C: ConnectionTrait>(
     conn.execute_unprepared(&sql).await.map(|_| ())
 }
 
+/// The billing consumer over `deliveries` (event id, order id), in order: each applies one invoice of 4900
+/// through the inbox. Returns (processed, duplicates).
+pub async fn bill(t: &TestDb, deliveries: impl IntoIterator<Item = (EventId, String)>) -> (u32, u32) {
+    let (mut processed, mut duplicates) = (0, 0);
+    for (id, order) in deliveries {
+        let outcome = outbox_seaorm::handle_once(&t.db, "billing", &id.to_string(), async |txn| {
+            insert_invoice(txn, &order, 4900).await
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+        match outcome {
+            outbox_seaorm::InboxOutcome::Processed(()) => processed += 1,
+            outbox_seaorm::InboxOutcome::Duplicate => duplicates += 1,
+        }
+    }
+    (processed, duplicates)
+}
+
 /// The sum of `invoices.total_minor`, added up here (SUM's result type differs per backend).
 pub async fn invoice_total(t: &TestDb) -> i64 {
     let rows =
