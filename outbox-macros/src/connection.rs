@@ -1,5 +1,6 @@
 //! Finding the SeaORM connection of a `#[transactional_outbox]` method.
 
+use proc_macro2::TokenStream;
 use syn::{FnArg, GenericParam, Ident, Pat, Signature, Type, TypeParamBound};
 
 /// The parameter holding the connection.
@@ -8,9 +9,22 @@ pub struct ConnectionParam {
     pub ident: Ident,
     /// Its position in the signature's inputs.
     index: usize,
-    /// Whether its type is `&DatabaseConnection`, which [`generalise`] widens so that the method also
-    /// joins a caller's transaction.
-    is_pool: bool,
+    /// How its type is written.
+    kind: Kind,
+}
+
+/// How a connection parameter's type is written.
+#[derive(Clone, PartialEq, Eq)]
+enum Kind {
+    /// `&DatabaseConnection`: widened to `&impl OutboxConnection`, so the method also joins a caller's
+    /// transaction.
+    Pool,
+    /// `&DatabaseTransaction`.
+    Transaction,
+    /// `&C` for a type parameter `C` bounded by `TransactionTrait` (or `OutboxConnection`).
+    Generic(Ident),
+    /// `&impl TransactionTrait` (or `&impl OutboxConnection`).
+    ImplTrait,
 }
 
 fn last_segment(ty: &Type) -> Option<String> {
@@ -31,40 +45,39 @@ fn bounds_mention_transaction<'a>(mut bounds: impl Iterator<Item = &'a TypeParam
     })
 }
 
-/// Whether `ty` is `&DatabaseConnection`, `&DatabaseTransaction`, `&impl TransactionTrait` or `&C` for a
-/// generic `C: TransactionTrait` of `sig`; `Some(true)` for `&DatabaseConnection`.
-fn is_connection(ty: &Type, sig: &Signature) -> Option<bool> {
+/// How `ty` is a connection of `sig`, if it is one.
+fn kind(ty: &Type, sig: &Signature) -> Option<Kind> {
     let Type::Reference(reference) = ty else { return None };
     if let Type::ImplTrait(imp) = &*reference.elem {
-        return bounds_mention_transaction(imp.bounds.iter()).then_some(false);
+        return bounds_mention_transaction(imp.bounds.iter()).then_some(Kind::ImplTrait);
     }
     let name = last_segment(&reference.elem)?;
     if name == "DatabaseConnection" {
-        return Some(true);
+        return Some(Kind::Pool);
     }
     if name == "DatabaseTransaction" {
-        return Some(false);
+        return Some(Kind::Transaction);
     }
-    let generic = sig.generics.params.iter().any(|p| match p {
-        GenericParam::Type(t) => t.ident == name && bounds_mention_transaction(t.bounds.iter()),
-        _ => false,
-    });
+    let generic = sig.generics.params.iter().find_map(|p| match p {
+        GenericParam::Type(t) if t.ident == name => Some(t),
+        _ => None,
+    })?;
     let in_where = sig.generics.where_clause.iter().flat_map(|w| &w.predicates).any(|p| match p {
         syn::WherePredicate::Type(pt) => {
             last_segment(&pt.bounded_ty).is_some_and(|n| n == name) && bounds_mention_transaction(pt.bounds.iter())
         }
         _ => false,
     });
-    (generic || in_where).then_some(false)
+    (bounds_mention_transaction(generic.bounds.iter()) || in_where).then(|| Kind::Generic(generic.ident.clone()))
 }
 
 /// The first parameter of `sig` that is a SeaORM connection, if any.
 pub fn find(sig: &Signature) -> Option<ConnectionParam> {
     sig.inputs.iter().enumerate().find_map(|(index, arg)| match arg {
         FnArg::Typed(pt) => {
-            let is_pool = is_connection(&pt.ty, sig)?;
+            let kind = kind(&pt.ty, sig)?;
             match &*pt.pat {
-                Pat::Ident(pi) => Some(ConnectionParam { ident: pi.ident.clone(), index, is_pool }),
+                Pat::Ident(pi) => Some(ConnectionParam { ident: pi.ident.clone(), index, kind }),
                 _ => None,
             }
         }
@@ -72,16 +85,60 @@ pub fn find(sig: &Signature) -> Option<ConnectionParam> {
     })
 }
 
-/// Widens a `&DatabaseConnection` parameter to `&impl OutboxConnection`, so the method also takes a
-/// caller's `&DatabaseTransaction` (and joins it with a savepoint): annotated methods compose.
-/// Returns the type it replaced (`DatabaseConnection` as written), if any.
-pub fn generalise(sig: &mut Signature, param: &ConnectionParam, seaorm: &proc_macro2::TokenStream) -> Option<Type> {
-    if !param.is_pool {
-        return None;
+/// A parameter that holds a connection in a smart pointer (`db: Arc<DatabaseConnection>`, `&Arc<…>`,
+/// `Box<…>`, `Rc<…>`), which the macro cannot take as the method's connection: its identifier and the
+/// pointer's name.
+pub fn find_wrapped(sig: &Signature) -> Option<(&Ident, String)> {
+    fn wrapper(ty: &Type) -> Option<String> {
+        match ty {
+            Type::Reference(r) => wrapper(&r.elem),
+            Type::Path(p) => {
+                let last = p.path.segments.last()?;
+                let syn::PathArguments::AngleBracketed(args) = &last.arguments else { return None };
+                let inner = args.args.iter().find_map(|a| match a {
+                    syn::GenericArgument::Type(t) => Some(t),
+                    _ => None,
+                })?;
+                let is_connection =
+                    last_segment(inner).is_some_and(|n| n == "DatabaseConnection" || n == "DatabaseTransaction");
+                is_connection.then(|| last.ident.to_string())
+            }
+            _ => None,
+        }
     }
-    let Some(FnArg::Typed(pt)) = sig.inputs.iter_mut().nth(param.index) else { return None };
-    let Type::Reference(reference) = &mut *pt.ty else { return None };
-    let span = syn::spanned::Spanned::span(&reference.elem);
-    let widened: Type = syn::parse_quote_spanned!(span=> impl #seaorm::OutboxConnection);
-    Some(std::mem::replace(&mut *reference.elem, widened))
+    sig.inputs.iter().find_map(|arg| match arg {
+        FnArg::Typed(pt) => match &*pt.pat {
+            Pat::Ident(pi) => wrapper(&pt.ty).map(|w| (&pi.ident, w)),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    })
+}
+
+/// Makes the parameter an `OutboxConnection`: widens `&DatabaseConnection` to `&impl OutboxConnection`
+/// (so the method also takes a caller's `&DatabaseTransaction` and joins it with a savepoint), and adds
+/// the bound to a generic or `impl Trait` parameter. Returns the type it replaced (`DatabaseConnection`
+/// as written), if any, so the body can keep naming it.
+pub fn generalise(sig: &mut Signature, param: &ConnectionParam, seaorm: &TokenStream) -> Option<Type> {
+    match &param.kind {
+        Kind::Transaction => None,
+        Kind::Generic(ident) => {
+            let span = ident.span();
+            let predicate: syn::WherePredicate = syn::parse_quote_spanned!(span=> #ident: #seaorm::OutboxConnection);
+            sig.generics.make_where_clause().predicates.push(predicate);
+            None
+        }
+        Kind::Pool | Kind::ImplTrait => {
+            let Some(FnArg::Typed(pt)) = sig.inputs.iter_mut().nth(param.index) else { return None };
+            let Type::Reference(reference) = &mut *pt.ty else { return None };
+            if let Type::ImplTrait(imp) = &mut *reference.elem {
+                let span = syn::spanned::Spanned::span(&imp.bounds);
+                imp.bounds.push(syn::parse_quote_spanned!(span=> #seaorm::OutboxConnection));
+                return None;
+            }
+            let span = syn::spanned::Spanned::span(&reference.elem);
+            let widened: Type = syn::parse_quote_spanned!(span=> impl #seaorm::OutboxConnection);
+            Some(std::mem::replace(&mut *reference.elem, widened))
+        }
+    }
 }

@@ -14,12 +14,14 @@ use syn::visit_mut::VisitMut;
 use syn::{Block, Expr, Token};
 
 /// How `emit!` is rewritten.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Mode {
     /// Push the event onto the method's emitted list.
     Rewrite,
     /// Evaluate the event expression and do nothing else: the method has a setup error already.
     Neutralise,
+    /// An error: the method (named here) is `#[read_only]`.
+    ReadOnly(String),
 }
 
 /// Where an `emit!` sits relative to the method body.
@@ -32,10 +34,13 @@ enum Place {
 
 /// The identifiers the generated code shares between the wrapper and the rewritten `emit!`s.
 pub struct Names {
-    /// The list of emitted events.
-    pub emitted: Ident,
+    /// The method's unit of work, which collects its emitted events.
+    pub unit: Ident,
     /// The support module (`::outbox_seaorm::__private`).
     pub private: TokenStream,
+    /// The method's error type, where a failed `emit!` converts its `DbErr` (so that a missing
+    /// `From<DbErr>` is reported there, once, like the begin and commit around the body).
+    pub error_span: Span,
 }
 
 impl Names {
@@ -66,7 +71,7 @@ pub fn respan(tokens: TokenStream, span: Span) -> TokenStream {
 /// Rewrites every `emit!` of `block` per `mode`; `crate_names` are the names `emit!` may be qualified
 /// with (`outbox_seaorm::emit!`).
 pub fn rewrite(block: &mut Block, mode: Mode, names: &Names, crate_names: &[String]) {
-    let mut rewriter = Rewriter { mode, names, crate_names, place: Place::Body };
+    let mut rewriter = Rewriter { mode: &mode, names, crate_names, place: Place::Body };
     rewriter.visit_block_mut(block);
 }
 
@@ -137,7 +142,7 @@ impl Parse for EmitArgs {
 }
 
 struct Rewriter<'a> {
-    mode: Mode,
+    mode: &'a Mode,
     names: &'a Names,
     crate_names: &'a [String],
     place: Place,
@@ -146,6 +151,10 @@ struct Rewriter<'a> {
 impl Rewriter<'_> {
     fn replacement(&self, mac: &syn::Macro) -> Expr {
         let span = mac.path.span();
+        let refuse = |message: &str| match mac.parse_body::<EmitArgs>() {
+            Ok(args) => refused(span, message, Some(&args.event)),
+            Err(error) => error.into_compile_error(),
+        };
         let tokens = match (self.mode, self.place) {
             (Mode::Neutralise, _) => match mac.parse_body::<EmitArgs>() {
                 Ok(args) => {
@@ -154,12 +163,13 @@ impl Rewriter<'_> {
                 }
                 Err(_) => quote!({}),
             },
-            (Mode::Rewrite, Place::Closure) => error_at(
-                span,
+            (Mode::ReadOnly(method), _) => refuse(&format!(
+                "`{method}` is `#[read_only]`: it runs without a transaction of its own, so it cannot emit events. Remove `#[read_only]` from `{method}` (its events then commit with its writes)"
+            )),
+            (Mode::Rewrite, Place::Closure) => refuse(
                 "`emit!` inside a closure is not part of the method's transaction: the closure may be called after the method committed, and its event would be lost. Return the event from the closure and emit it in the method body (`for event in events { emit!(event); }`)",
             ),
-            (Mode::Rewrite, Place::AsyncBlock) => error_at(
-                span,
+            (Mode::Rewrite, Place::AsyncBlock) => refuse(
                 "`emit!` inside an `async` block is not part of the method's transaction: the block may run (or be spawned) after the method committed, and its event would be lost. Await the block and emit its result in the method body (`let event = async { … }.await; emit!(event);`)",
             ),
             (Mode::Rewrite, Place::Body) => match mac.parse_body::<EmitArgs>() {
@@ -173,22 +183,30 @@ impl Rewriter<'_> {
     fn push(&self, args: &EmitArgs) -> TokenStream {
         let event = &args.event;
         let span = event.span();
-        let mut emitted = self.names.emitted.clone();
-        emitted.set_span(emitted.span().located_at(span));
+        let mut unit = self.names.unit.clone();
+        unit.set_span(unit.span().located_at(span));
         let private = self.names.private_at(span);
-        match &args.headers {
+        let recorded = match &args.headers {
             None => quote_spanned! {span=>
-                #private::emit(&#emitted, #private::event_ref(&(#event)))?
+                #private::emit(&#unit, #private::event_ref(&(#event)))
             },
             Some(headers) => quote_spanned! {span=>
-                #private::emit_with_headers(&#emitted, #private::event_ref(&(#event)), #headers)?
+                #private::emit_with_headers(&#unit, #private::event_ref(&(#event)), #headers)
             },
+        };
+        let error_span = self.names.error_span;
+        let at_error = self.names.private_at(error_span);
+        let absorb = quote_spanned! {error_span=> #at_error::AbsorbsDbErr::absorb(error) };
+        quote_spanned! {span=>
+            if let ::std::result::Result::Err(error) = #recorded {
+                return ::std::result::Result::Err(#absorb);
+            }
         }
     }
 
     /// Another macro's input: each `emit ! (…)` in it becomes an error (the rewrite cannot see inside).
     fn foreign_macro(&self, mac: &mut syn::Macro) {
-        if self.mode == Mode::Rewrite && tokens_use_emit(mac.tokens.clone()) {
+        if *self.mode != Mode::Neutralise && tokens_use_emit(mac.tokens.clone()) {
             let name = mac.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
             mac.tokens = replace_emits(std::mem::take(&mut mac.tokens), &name);
         }
@@ -201,8 +219,11 @@ impl Rewriter<'_> {
     }
 }
 
-fn error_at(span: Span, message: &str) -> TokenStream {
-    quote_spanned! {span=> ::std::compile_error!(#message) }
+/// The error for an `emit!` that cannot be rewritten where it is; the event stays evaluated (and its type
+/// named), so the error is the only diagnostic: no unused import or variable on top.
+fn refused(span: Span, message: &str, event: Option<&Expr>) -> TokenStream {
+    let event = event.map(|event| quote_spanned! {span=> let _ = &(#event); });
+    quote_spanned! {span=> { ::std::compile_error!(#message); #event } }
 }
 
 /// `tokens` with each `emit ! (…)` replaced by a spanned error naming the macro `inside`.
@@ -220,7 +241,11 @@ fn replace_emits(tokens: TokenStream, inside: &str) -> TokenStream {
                     && is_bang(tokens.get(i + 1))
                     && matches!(tokens.get(i + 2), Some(TokenTree::Group(_))) =>
             {
-                out.extend(error_at(ident.span(), &message));
+                let event = match &tokens[i + 2] {
+                    TokenTree::Group(group) => syn::parse2::<EmitArgs>(group.stream()).ok().map(|args| args.event),
+                    _ => None,
+                };
+                out.extend(refused(ident.span(), &message, event.as_ref()));
                 i += 3;
             }
             TokenTree::Group(group) => {

@@ -3,13 +3,17 @@
 //! Parse the arguments, then per method validate its shape and rewrite its body. A method that fails
 //! validation is emitted unchanged apart from its `emit!`s, which are neutralised, so each mistake gives
 //! exactly one error.
+//!
+//! The rewritten body asks the runtime (`__private::begin`) for its transaction: the task's current outbox
+//! transaction on the same database (joined with a savepoint) or a new one, so annotated methods compose
+//! whatever shape their connection has. A `#[read_only]` method gets no transaction of its own.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{Block, Expr, Ident, ImplItem, Item, ReturnType, Signature, Token};
+use syn::{Attribute, Block, Expr, Ident, ImplItem, Item, ReturnType, Signature, Token, Type};
 
 use crate::connection::{self, ConnectionParam};
 use crate::diagnostics::{Errors, with_item};
@@ -53,15 +57,24 @@ struct Context {
 }
 
 impl Context {
-    fn names(&self) -> Names {
+    /// The names generated code shares; `error_span` is the method's error type.
+    fn names(&self, error_span: Span) -> Names {
         let seaorm = &self.seaorm;
-        Names { emitted: Ident::new("__outbox_emitted", Span::mixed_site()), private: quote!(#seaorm::__private) }
+        Names { unit: Ident::new("__outbox_unit", Span::mixed_site()), private: quote!(#seaorm::__private), error_span }
     }
 
     fn neutralise(&self, block: &mut Block) {
-        emit::rewrite(block, Mode::Neutralise, &self.names(), &self.crate_names);
+        emit::rewrite(block, Mode::Neutralise, &self.names(Span::call_site()), &self.crate_names);
     }
 }
+
+/// The marker of a method that only reads: `#[read_only]`, removed from the method.
+fn take_read_only(attrs: &mut Vec<Attribute>) -> Option<Attribute> {
+    let index = attrs.iter().position(|a| a.path().is_ident(READ_ONLY))?;
+    Some(attrs.remove(index))
+}
+
+const READ_ONLY: &str = "read_only";
 
 pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let (seaorm, crate_names) = crate::paths::seaorm();
@@ -91,25 +104,31 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             let mut errors = Errors::default();
             for member in &mut block.items {
                 let ImplItem::Fn(method) = member else { continue };
+                let read_only = take_read_only(&mut method.attrs);
                 let takes_self = method.sig.receiver().is_some();
-                let wanted = match &cx.args.conn {
-                    Some(_) => takes_self && method.sig.asyncness.is_some(),
-                    None => connection::find(&method.sig).is_some(),
-                };
+                let wanted = read_only.is_some()
+                    || match &cx.args.conn {
+                        Some(_) => takes_self && method.sig.asyncness.is_some(),
+                        None => connection::find(&method.sig).is_some(),
+                    };
                 if wanted {
-                    if let Err(error) = rewrite(&mut method.sig, &mut method.block, &cx) {
+                    if let Err(error) = rewrite(&mut method.sig, &mut method.block, &cx, read_only.is_some()) {
+                        allow_unused(&mut method.attrs);
                         errors.push(error);
                     }
                 } else if emit::uses_emit(&method.block, &cx.crate_names) {
-                    errors.at(&method.sig.ident, missing_connection_message(&method.sig.ident));
+                    errors.push(missing_connection(&method.sig));
+                    allow_unused(&mut method.attrs);
                     cx.neutralise(&mut method.block);
                 }
             }
             finish(block.into_token_stream(), errors)
         }
         Item::Fn(mut function) => {
+            let read_only = take_read_only(&mut function.attrs);
             let mut errors = Errors::default();
-            if let Err(error) = rewrite(&mut function.sig, &mut function.block, &cx) {
+            if let Err(error) = rewrite(&mut function.sig, &mut function.block, &cx, read_only.is_some()) {
+                allow_unused(&mut function.attrs);
                 errors.push(error);
             }
             finish(function.into_token_stream(), errors)
@@ -131,25 +150,51 @@ fn finish(item: TokenStream, errors: Errors) -> TokenStream {
     }
 }
 
+/// A method left with a setup error no longer uses its connection: no warning on top of the error.
+fn allow_unused(attrs: &mut Vec<Attribute>) {
+    attrs.push(syn::parse_quote!(#[allow(unused)]));
+}
+
 /// The item with every `emit!` neutralised, plus `error`.
 fn neutralised(mut item: Item, cx: &Context, error: syn::Error) -> TokenStream {
     match &mut item {
         Item::Impl(block) => {
             for member in &mut block.items {
                 if let ImplItem::Fn(method) = member {
+                    take_read_only(&mut method.attrs);
+                    allow_unused(&mut method.attrs);
                     cx.neutralise(&mut method.block);
                 }
             }
         }
-        Item::Fn(function) => cx.neutralise(&mut function.block),
+        Item::Fn(function) => {
+            take_read_only(&mut function.attrs);
+            allow_unused(&mut function.attrs);
+            cx.neutralise(&mut function.block);
+        }
         _ => {}
     }
     with_item(item.into_token_stream(), error)
 }
 
-fn missing_connection_message(ident: &Ident) -> String {
-    format!(
-        "`{ident}` emits events but takes no SeaORM connection: add a parameter such as `db: &DatabaseConnection` (or `&DatabaseTransaction`, or `&C` with `C: TransactionTrait`), or name where the connection is with `#[transactional_outbox(conn = self.db)]`, so the events join its transaction"
+/// The error of a method that needs a connection and has none: a parameter that holds one in an `Arc`
+/// (which the macro cannot widen) gets the two forms that work.
+fn missing_connection(sig: &Signature) -> syn::Error {
+    let ident = &sig.ident;
+    if let Some((param, wrapper)) = connection::find_wrapped(sig) {
+        return syn::Error::new(
+            param.span(),
+            format!(
+                "`{param}` holds the connection in {} `{wrapper}`, which `#[transactional_outbox]` cannot run `{ident}` on: name it with `#[transactional_outbox(conn = {param})]` (the body's `{param}` then names the transaction), or take `{param}: &DatabaseConnection` (a caller holding the `{wrapper}` passes `&*{param}`)",
+                if wrapper.starts_with(['A', 'E', 'I', 'O', 'U', 'R']) { "an" } else { "a" }
+            ),
+        );
+    }
+    syn::Error::new(
+        ident.span(),
+        format!(
+            "`{ident}` emits events but takes no SeaORM connection: add a parameter such as `db: &DatabaseConnection` (or `&DatabaseTransaction`), or name where the connection is with `#[transactional_outbox(conn = self.db)]`, so the events join its transaction"
+        ),
     )
 }
 
@@ -161,24 +206,23 @@ enum Source<'a> {
 
 /// Validates the method; on success rewrites its body (and widens a `&DatabaseConnection` parameter),
 /// otherwise neutralises its `emit!`s and returns every error.
-fn rewrite(sig: &mut Signature, block: &mut Block, cx: &Context) -> syn::Result<()> {
-    let mut errors = Errors::default();
-    if sig.asyncness.is_none() {
-        errors.at(
-            sig.fn_token,
-            format!("`{}` must be `async fn`: the transaction is awaited around its body", sig.ident),
-        );
-    }
+fn rewrite(sig: &mut Signature, block: &mut Block, cx: &Context, read_only: bool) -> syn::Result<()> {
     let source = match &cx.args.conn {
         Some(expr) => Some(Source::Expr(expr)),
         None => connection::find(sig).map(Source::Param),
     };
+    let mut errors = Errors::default();
     if source.is_none() {
-        errors.at(&sig.ident, missing_connection_message(&sig.ident));
+        errors.push(missing_connection(sig));
     }
-    let ret_ty = match &sig.output {
-        ReturnType::Type(_, ty) => Some((**ty).clone()),
-        ReturnType::Default => {
+    if !read_only {
+        if sig.asyncness.is_none() {
+            errors.at(
+                sig.fn_token,
+                format!("`{}` must be `async fn`: the transaction is awaited around its body", sig.ident),
+            );
+        }
+        if matches!(sig.output, ReturnType::Default) {
             errors.at(
                 &sig.ident,
                 format!(
@@ -186,28 +230,28 @@ fn rewrite(sig: &mut Signature, block: &mut Block, cx: &Context) -> syn::Result<
                     sig.ident
                 ),
             );
-            None
         }
-    };
-    let (Some(source), Some(ret_ty)) = (source, ret_ty) else {
+    }
+    let Some(source) = source else {
         cx.neutralise(block);
-        return Err(errors.finish().err().unwrap_or_else(|| syn::Error::new(sig.ident.span(), "invalid method")));
+        return errors.finish();
     };
     if let Err(error) = errors.finish() {
         cx.neutralise(block);
         return Err(error);
     }
 
-    let names = cx.names();
-    let emitted = &names.emitted;
-    let mut body = block.clone();
-    emit::rewrite(&mut body, Mode::Rewrite, &names, &cx.crate_names);
-    // Both places that need `E: From<DbErr>` are spanned at the user's error type (or the whole return
+    // Every place that needs `E: From<DbErr>` is spanned at the user's error type (or the whole return
     // type when it is an alias such as `Result<T>`), so a missing conversion is reported once, there.
-    let err_span = result_types(&sig.output).map_or_else(|| ret_ty.span(), |(_, err)| err.span());
-    let private = names.private_at(err_span);
-    let txn = Ident::new("__outbox_txn", Span::mixed_site().located_at(err_span));
-    let result = Ident::new("__outbox_result", Span::mixed_site().located_at(err_span));
+    let error_span = match &sig.output {
+        ReturnType::Type(_, ty) => result_types(&sig.output).map_or_else(|| ty.span(), |(_, err)| err.span()),
+        ReturnType::Default => Span::call_site(),
+    };
+    let names = cx.names(error_span);
+    let mut body = block.clone();
+    let mode = if read_only { Mode::ReadOnly(sig.ident.to_string()) } else { Mode::Rewrite };
+    emit::rewrite(&mut body, mode, &names, &cx.crate_names);
+    let txn = Ident::new("__outbox_txn", Span::mixed_site());
     let (connection, rebind) = match &source {
         Source::Param(param) => {
             // The type as written stays named in the body, so its import is still used.
@@ -216,7 +260,7 @@ fn rewrite(sig: &mut Signature, block: &mut Block, cx: &Context) -> syn::Result<
             let written = written.map(|ty| quote! { let _ = ::core::marker::PhantomData::<#ty>; });
             let rebind = quote! {
                 #[allow(unused_variables)]
-                let #ident = &#txn;
+                let #ident = #txn;
                 #written
             };
             (quote!(#ident), rebind)
@@ -228,34 +272,76 @@ fn rewrite(sig: &mut Signature, block: &mut Block, cx: &Context) -> syn::Result<
             (quote_spanned! {span=> #at_conn::AsConnection::as_connection(&(#expr)) }, TokenStream::new())
         }
     };
+    let stmts = &body.stmts;
+    let private = &names.private;
+    let tokens = if read_only {
+        let reader = Ident::new("__outbox_reader", Span::mixed_site());
+        let executor = Ident::new("__outbox_executor", Span::mixed_site());
+        quote! {
+            {
+                let #reader = #private::reader(#connection);
+                let #executor = #reader.executor();
+                #[allow(unused_variables)]
+                let #txn = #private::stand_in(#connection, &#executor);
+                #rebind
+                #(#stmts)*
+            }
+        }
+    } else {
+        let Some(ret_ty) = return_type(sig) else { return Ok(()) };
+        transactional_body(&names, &connection, &txn, &rebind, &ret_ty, stmts)
+    };
+    *block = syn::parse2(tokens)?;
+    Ok(())
+}
+
+fn return_type(sig: &Signature) -> Option<Type> {
+    match &sig.output {
+        ReturnType::Type(_, ty) => Some((**ty).clone()),
+        ReturnType::Default => None,
+    }
+}
+
+/// The body of a method that runs in a transaction: begin (or join), run the body as the task's
+/// current outbox transaction, then write the events and commit, or roll back.
+fn transactional_body(
+    names: &Names,
+    connection: &TokenStream,
+    txn: &Ident,
+    rebind: &TokenStream,
+    ret_ty: &Type,
+    stmts: &[syn::Stmt],
+) -> TokenStream {
+    let err_span = names.error_span;
+    let private = names.private_at(err_span);
+    let unit = located(&names.unit, err_span);
+    let result = Ident::new("__outbox_result", Span::mixed_site().located_at(err_span));
     let begin = quote_spanned! {err_span=>
         match #private::begin(#connection).await {
-            ::std::result::Result::Ok(txn) => txn,
+            ::std::result::Result::Ok(unit) => unit,
             ::std::result::Result::Err(error) => {
                 return ::std::result::Result::Err(#private::AbsorbsDbErr::absorb(error));
             }
         }
     };
-    let (txn_at, emitted_at, result_at) =
-        (located(&txn, err_span), located(emitted, err_span), located(&result, err_span));
     let finish = quote_spanned! {err_span=>
-        #private::finish({ #txn_at }, { #emitted_at }, { #result_at }).await
+        #private::finish(#unit, { #result }).await
     };
-    let stmts = &body.stmts;
-    let tokens = quote! {
+    let unit = &names.unit;
+    let private_plain = &names.private;
+    quote! {
         {
-            let #txn = #begin;
-            let #emitted = #private::Emitted::default();
-            let #result: #ret_ty = async {
+            let #unit = #begin;
+            let #result: #ret_ty = #unit.scope(async {
+                #[allow(unused_variables)]
+                let #txn = #private_plain::stand_in(#connection, #unit.txn());
                 #rebind
                 #(#stmts)*
-            }
+            })
             .await;
             #finish
         }
-    };
-    *block = syn::parse2(tokens)?;
-    Ok(())
+    }
 }
 
 /// `ident` (same name, same hygiene) reported at `span`.
@@ -269,6 +355,7 @@ fn located(ident: &Ident, span: Span) -> Ident {
 /// `&self.db` (or `&*self.db`, `self.db.as_ref()` for an `Arc`) runs inside it.
 struct ReplaceConnection<'a> {
     conn: String,
+    /// A reference to the transaction (or, in a `#[read_only]` method, to the executor).
     txn: &'a Ident,
 }
 
@@ -284,15 +371,15 @@ impl VisitMut for ReplaceConnection<'_> {
         let replacement: Option<Expr> = match &*expr {
             e if self.is_conn(e) => {
                 let txn = txn(e.span());
-                Some(syn::parse_quote_spanned!(e.span()=> #txn))
+                Some(syn::parse_quote_spanned!(e.span()=> (*#txn)))
             }
             Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) && self.is_conn(&u.expr) => {
                 let txn = txn(u.span());
-                Some(syn::parse_quote_spanned!(u.span()=> #txn))
+                Some(syn::parse_quote_spanned!(u.span()=> (*#txn)))
             }
             Expr::MethodCall(m) if m.args.is_empty() && m.method == "as_ref" && self.is_conn(&m.receiver) => {
                 let txn = txn(m.span());
-                Some(syn::parse_quote_spanned!(m.span()=> (&#txn)))
+                Some(syn::parse_quote_spanned!(m.span()=> (#txn)))
             }
             _ => None,
         };

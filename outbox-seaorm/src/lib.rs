@@ -68,6 +68,7 @@ pub mod migration;
 pub mod notify;
 mod sql;
 mod store;
+mod transaction;
 
 #[doc(hidden)]
 #[doc(hidden)]
@@ -82,6 +83,7 @@ pub use inbox::handle_once;
 #[cfg(feature = "migrations")]
 pub use migration::{MIGRATE_LOCK_WAIT, Migrator, migrate, migrations};
 pub use store::{SeaOrmBatch, SeaOrmStore};
+pub use transaction::transaction;
 
 pub use outbox_macros::{DomainEvent, idempotent_handler, transactional_outbox};
 pub use outbox_runtime::*;
@@ -92,7 +94,14 @@ pub use outbox_runtime::*;
 /// error, so an event can never bypass the outbox.
 #[macro_export]
 macro_rules! emit {
-    ($($event:tt)*) => {
+    ($event:expr $(, $($headers:tt)*)?) => {{
+        ::std::compile_error!(
+            "`emit!` can only be used in the body of an async method annotated with `#[transactional_outbox]` (or in an impl block carrying it), which provides the transaction the event is written to"
+        );
+        // The event stays named, so the error is the only diagnostic (no unused import).
+        let _ = &$event;
+    }};
+    ($($tokens:tt)*) => {
         ::std::compile_error!(
             "`emit!` can only be used in the body of an async method annotated with `#[transactional_outbox]` (or in an impl block carrying it), which provides the transaction the event is written to"
         )

@@ -6,8 +6,10 @@ pub use serde_json;
 
 pub use crate::error::InboxError;
 pub use crate::inbox::handle_once;
+pub use crate::transaction::{Reader, Unit};
 
-use sea_orm::TransactionSession;
+use crate::OutboxConnection;
+use crate::transaction::into_db_err;
 
 /// Errors of a `#[transactional_outbox]` method must absorb database errors.
 #[diagnostic::on_unimplemented(
@@ -29,9 +31,32 @@ impl<E: From<DbErr>> AbsorbsDbErr for E {
 /// Compile-time check, spanned at the user's event type.
 pub fn assert_domain_event<E: DomainEvent>() {}
 
-/// Begins a transaction, or a savepoint when `db` already is one.
-pub async fn begin<C: TransactionTrait>(db: &C) -> Result<C::Transaction, DbErr> {
-    db.begin().await
+/// Joins the task's current outbox transaction on the same database with a savepoint, or begins one
+/// (a savepoint when `db` is a transaction).
+pub async fn begin<C: OutboxConnection + ?Sized>(db: &C) -> Result<Unit, DbErr> {
+    Unit::begin(db).await
+}
+
+/// The body's name for its connection: `value` (the transaction, or a `#[read_only]` method's executor),
+/// typed through `conn`. When `conn` is not a connection (one error, at `conn = …`), the type is unknown
+/// and the body reports nothing more.
+pub fn stand_in<'t, C: OutboxConnection + ?Sized, T: ?Sized>(_conn: &C, value: &'t T) -> &'t <C as Same<T>>::Out {
+    value
+}
+
+/// `T`, for every connection; see [`stand_in`].
+pub trait Same<T: ?Sized> {
+    /// `T`.
+    type Out: ?Sized;
+}
+
+impl<C: OutboxConnection + ?Sized, T: ?Sized> Same<T> for C {
+    type Out = T;
+}
+
+/// What a `#[read_only]` method's body runs on.
+pub fn reader<C: OutboxConnection + ?Sized>(db: &C) -> Reader<'_> {
+    Reader::new(db)
 }
 
 /// Where `#[transactional_outbox(conn = …)]` finds its connection: the expression itself, or through an
@@ -42,7 +67,7 @@ pub async fn begin<C: TransactionTrait>(db: &C) -> Result<C::Transaction, DbErr>
 )]
 pub trait AsConnection {
     /// The connection reached.
-    type Connection: TransactionTrait<Transaction = DatabaseTransaction> + ?Sized;
+    type Connection: OutboxConnection + ?Sized;
     /// Reaches it.
     fn as_connection(&self) -> &Self::Connection;
 }
@@ -82,29 +107,19 @@ impl<T: AsConnection + ?Sized> AsConnection for Box<T> {
     }
 }
 
-/// The events a `#[transactional_outbox]` method emitted so far, in emit order.
-#[derive(Default)]
-pub struct Emitted(std::sync::Mutex<Vec<outbox_runtime::NewEvent>>);
-
-impl Emitted {
-    fn take(self) -> Vec<outbox_runtime::NewEvent> {
-        self.0.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
 /// Records one emitted event; the payload is serialised and checked now, so a bad event fails at its
-/// `emit!`. All of them are written together by [`finish`], in one round trip per 1000 events.
-pub fn emit<E: DomainEvent>(emitted: &Emitted, event: &E) -> Result<(), DbErr> {
+/// `emit!`. All of a business transaction's events are written together before its commit, in one round
+/// trip per 1000 events.
+pub fn emit<E: DomainEvent>(unit: &Unit, event: &E) -> Result<(), DbErr> {
     // The trace context of the `emit!` itself (with the `opentelemetry` feature).
-    let new_event = outbox_runtime::trace_context::with_current(event.to_new_event().map_err(into_db_err)?);
-    emitted.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(new_event);
+    unit.push(outbox_runtime::trace_context::with_current(event.to_new_event().map_err(into_db_err)?));
     Ok(())
 }
 
 /// [`emit`] with headers (`emit!(event, headers = [("tenant", id)])`); a header name or value that is
 /// not valid fails at the `emit!`.
 pub fn emit_with_headers<E, K, V>(
-    emitted: &Emitted,
+    unit: &Unit,
     event: &E,
     headers: impl IntoIterator<Item = (K, V)>,
 ) -> Result<(), DbErr>
@@ -117,8 +132,7 @@ where
     for (name, value) in headers {
         new_event = new_event.with_header(name, value).map_err(into_db_err)?;
     }
-    let new_event = outbox_runtime::trace_context::with_current(new_event);
-    emitted.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(new_event);
+    unit.push(outbox_runtime::trace_context::with_current(new_event));
     Ok(())
 }
 
@@ -128,45 +142,11 @@ pub fn event_ref<E: DomainEvent>(event: &E) -> &E {
     event
 }
 
-fn into_db_err(error: outbox_runtime::Error) -> DbErr {
-    match error {
-        outbox_runtime::Error::Store { source, .. } => match source.downcast::<DbErr>() {
-            Ok(db_err) => *db_err,
-            Err(other) => DbErr::Custom(other.to_string()),
-        },
-        other => DbErr::Custom(other.to_string()),
-    }
-}
-
-/// On `Ok`, writes the emitted events and commits; on `Err`, rolls back (no event was written).
+/// On `Ok`, hands the events to the enclosing call or writes them, and commits (a savepoint: releases);
+/// on `Err`, rolls back, events included.
 ///
 /// Writing the events last also keeps the lock on their aggregates' rows (which orders concurrent
 /// writers of one aggregate) as short as the commit.
-pub async fn finish<Txn, T, E>(txn: Txn, emitted: Emitted, result: Result<T, E>) -> Result<T, E>
-where
-    Txn: TransactionSession + ConnectionTrait + TransactionTrait,
-    E: AbsorbsDbErr,
-{
-    match result {
-        Ok(value) => {
-            let events = emitted.take();
-            if !events.is_empty() {
-                crate::enqueue_all(&txn, &events).await.map_err(|e| E::absorb(into_db_err(e)))?;
-            }
-            txn.commit().await.map_err(E::absorb)?;
-            if !events.is_empty() {
-                // Committed now (for a savepoint, the outer commit signals again): an idle relay of this
-                // process publishes at once instead of at its next poll.
-                crate::notify_committed();
-            }
-            Ok(value)
-        }
-        Err(error) => {
-            if let Err(rollback) = txn.rollback().await {
-                // The connection drops the transaction anyway; the caller's error matters more.
-                tracing::warn!(%rollback, "rollback after a failed #[transactional_outbox] body failed");
-            }
-            Err(error)
-        }
-    }
+pub async fn finish<T, E: AbsorbsDbErr>(unit: Unit, result: Result<T, E>) -> Result<T, E> {
+    unit.finish(result, E::absorb).await
 }

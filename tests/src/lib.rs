@@ -55,6 +55,18 @@ impl TestDb {
         connect(&self.url, self.backend, &self.schema()).await.expect("reconnect")
     }
 
+    /// A second fresh, migrated database on the same server (another schema, database or file): for tests
+    /// of what must never cross from one database to another.
+    pub async fn another(&self, tag: &str) -> TestDb {
+        let t = match self.backend {
+            DbBackend::Postgres => postgres(tag).await.unwrap_or_else(|e| panic!("{e}")),
+            DbBackend::MySql => mysql(tag).await.unwrap_or_else(|e| panic!("{e}")),
+            _ => sqlite(tag).await,
+        };
+        outbox_seaorm::migrate(&t.db).await.unwrap_or_else(|e| panic!("migrate {t}: {e}"));
+        t
+    }
+
     fn schema(&self) -> String {
         self.url.rsplit('#').next().unwrap_or_default().to_owned()
     }

@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use outbox_seaorm::prelude::*;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait};
 use serde::{Deserialize, Serialize};
@@ -49,6 +51,41 @@ impl OrderService {
     pub fn name(&self) -> &'static str {
         "orders"
     }
+
+    /// Reads only: no transaction of its own; `db` names the pool, or the caller's transaction.
+    #[read_only]
+    pub async fn count(&self, db: &DatabaseConnection) -> Result<bool, DbErr> {
+        Ok(db.is_transaction())
+    }
+}
+
+/// The README's service shape, with a read-only method.
+pub struct Orders {
+    pub db: DatabaseConnection,
+}
+
+#[transactional_outbox(conn = self.db)]
+impl Orders {
+    pub async fn place(&self, id: String) -> Result<(), OrderError> {
+        self.db.execute_unprepared("SELECT 1").await?;
+        OrderService.place_in(&self.db, &id).await?;
+        emit!(OrderPlaced { order_id: id });
+        Ok(())
+    }
+
+    #[read_only]
+    pub async fn ping(&self) -> Result<(), DbErr> {
+        self.db.execute_unprepared("SELECT 1").await?;
+        Ok(())
+    }
+}
+
+/// A connection held in an `Arc` parameter, named with `conn = …`.
+#[transactional_outbox(conn = db)]
+pub async fn place_shared(db: Arc<DatabaseConnection>, id: String) -> Result<(), DbErr> {
+    db.execute_unprepared("SELECT 1").await?;
+    emit!(OrderPlaced { order_id: id });
+    Ok(())
 }
 
 #[transactional_outbox]

@@ -1,0 +1,309 @@
+//! Which transaction a `#[transactional_outbox]` method runs in, so that services compose.
+//!
+//! The outermost annotated call (or [`transaction`]) begins a transaction and, while its body runs, makes
+//! it the task's *current outbox transaction* (a tokio task-local). An annotated call made inside it on the
+//! same database (the same pool: any clone of the same `DatabaseConnection`, whatever service holds it)
+//! joins it with a savepoint instead of beginning a transaction of its own on the pool. When the inner call
+//! returns `Ok`, its savepoint is released and its events are handed to the enclosing call; when it
+//! returns `Err`, panics or is cancelled, its savepoint and its events are rolled back and the enclosing
+//! call goes on. The outermost call writes every event, in emit order, just before its commit.
+//!
+//! - **Another task**: `tokio::spawn` does not inherit the current transaction. An annotated call in a
+//!   spawned task begins its own transaction and commits on its own, whatever the spawning method does.
+//! - **Another database**: a call on another pool never joins; it begins its own transaction.
+//! - **Concurrent calls in one task** (`tokio::join!`) take turns: savepoints are a stack, and two open at
+//!   once on one connection would release each other.
+//! - **A transaction begun elsewhere** (`db.begin()`) passed to a method that takes its connection as a
+//!   parameter is joined with a savepoint, as before. The outbox cannot tell which pool such a transaction
+//!   came from, so a `conn = self.db` call inside it begins its own transaction (and logs a warning):
+//!   begin the transaction with [`transaction`] instead.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use outbox_runtime::NewEvent;
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseExecutor, DatabaseTransaction, DbBackend, DbErr, TransactionTrait,
+};
+use tokio::sync::OwnedMutexGuard;
+
+use crate::connection::{ConnectionSource, OutboxConnection};
+
+tokio::task_local! {
+    /// The innermost outbox transaction of the running task.
+    static CURRENT: Arc<Frame>;
+}
+
+/// Runs `body` in a transaction that every `#[transactional_outbox]` call inside it joins: `Ok` commits the
+/// body's own statements and the events of the calls together, `Err` rolls all of them back.
+///
+/// ```no_run
+/// # use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
+/// # struct Orders; impl Orders { async fn place(&self, id: &str) -> Result<(), DbErr> { Ok(()) } }
+/// # async fn demo(db: &DatabaseConnection, orders: &Orders) -> Result<(), DbErr> {
+/// outbox_seaorm::transaction(db, async |txn| {
+///     txn.execute_unprepared("UPDATE carts SET closed = true WHERE id = 'c1'").await?;
+///     orders.place("o1").await?; // a `conn = self.db` method on the same pool: joins `txn`
+///     Ok::<_, DbErr>(())
+/// })
+/// .await
+/// # }
+/// ```
+///
+/// On a pool it begins a transaction, or joins the task's current outbox transaction on that pool with a
+/// savepoint (so it composes like an annotated method); on a transaction it begins a savepoint.
+///
+/// # Errors
+/// The body's error, or a database error of `BEGIN`, the event insert or `COMMIT`.
+pub async fn transaction<C, T, E, F>(db: &C, body: F) -> Result<T, E>
+where
+    C: OutboxConnection + ?Sized,
+    F: for<'c> AsyncFnOnce(&'c DatabaseTransaction) -> Result<T, E>,
+    E: From<DbErr>,
+{
+    let unit = Unit::begin(db).await.map_err(E::from)?;
+    let result = unit.scope(body(unit.txn())).await;
+    unit.finish(result, E::from).await
+}
+
+/// Identifies a connection pool: the address of the state every clone of one `DatabaseConnection` shares.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct PoolId(usize);
+
+impl PoolId {
+    /// `None` for a connection whose driver this crate was built without (or a mock).
+    fn of(db: &DatabaseConnection) -> Option<Self> {
+        #[allow(unused_imports)]
+        use sea_orm::DatabaseConnectionType as Inner;
+        let options: Option<*const ()> = match &db.inner {
+            #[cfg(feature = "sqlx-postgres")]
+            Inner::SqlxPostgresPoolConnection(_) => {
+                Some(std::ptr::from_ref(db.get_postgres_connection_pool().options()).cast())
+            }
+            #[cfg(feature = "sqlx-mysql")]
+            Inner::SqlxMySqlPoolConnection(_) => {
+                Some(std::ptr::from_ref(db.get_mysql_connection_pool().options()).cast())
+            }
+            #[cfg(feature = "sqlx-sqlite")]
+            Inner::SqlxSqlitePoolConnection(_) => {
+                Some(std::ptr::from_ref(db.get_sqlite_connection_pool().options()).cast())
+            }
+            #[allow(unreachable_patterns)]
+            _ => None,
+        };
+        options.map(|options| Self(options.addr()))
+    }
+}
+
+/// One outbox transaction (or savepoint) of a task.
+struct Frame {
+    txn: DatabaseTransaction,
+    backend: DbBackend,
+    /// The pool it runs on, when known: `None` for a savepoint of a transaction begun elsewhere.
+    pool: Option<PoolId>,
+    /// Events emitted in this frame, and those handed up by the calls that joined it, in emit order.
+    pending: Mutex<Vec<NewEvent>>,
+    /// Taken by each call that joins this frame, for as long as its savepoint is open.
+    turn: Arc<tokio::sync::Mutex<()>>,
+    /// The frame whose transaction this one is a savepoint of, when it is this task's: events go there.
+    joined: Option<Arc<Frame>>,
+    /// The task's innermost frame when this one began (searched for a frame on the same pool).
+    enclosing: Option<Arc<Frame>>,
+}
+
+impl Frame {
+    fn new(txn: DatabaseTransaction, pool: Option<PoolId>, joined: Option<Arc<Frame>>) -> Self {
+        Self {
+            backend: txn.get_database_backend(),
+            txn,
+            pool,
+            pending: Mutex::default(),
+            turn: Arc::default(),
+            joined,
+            enclosing: current(),
+        }
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Vec<NewEvent>> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This frame and the ones enclosing it, innermost first.
+    fn chain(self: &Arc<Self>) -> impl Iterator<Item = &Arc<Frame>> {
+        std::iter::successors(Some(self), |frame| frame.enclosing.as_ref())
+    }
+
+    /// `Ok`: releases the savepoint and hands the events up, or writes them and commits.
+    async fn complete(self) -> Result<(), DbErr> {
+        let events = self.pending.into_inner().unwrap_or_else(PoisonError::into_inner);
+        match self.joined {
+            Some(outer) => {
+                self.txn.commit().await?;
+                outer.pending().extend(events);
+            }
+            None => {
+                if !events.is_empty() {
+                    crate::enqueue_all(&self.txn, &events).await.map_err(into_db_err)?;
+                }
+                self.txn.commit().await?;
+                if !events.is_empty() {
+                    // An idle relay of this process publishes at once instead of at its next poll (for a
+                    // savepoint of a transaction begun elsewhere, that transaction's commit is still to come).
+                    crate::notify_committed();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn current() -> Option<Arc<Frame>> {
+    CURRENT.try_with(Arc::clone).ok()
+}
+
+/// The task's innermost outbox transaction on `pool`, if any.
+fn enclosing_on(db: &DatabaseConnection) -> Result<(Option<PoolId>, Option<Arc<Frame>>), DbErr> {
+    let pool = PoolId::of(db);
+    let backend = db.get_database_backend();
+    let Some(current) = current() else { return Ok((pool, None)) };
+    let mut unknown = false;
+    for frame in current.chain() {
+        if frame.backend != backend {
+            continue;
+        }
+        match (frame.pool, pool) {
+            (Some(theirs), Some(ours)) if theirs == ours => return Ok((pool, Some(Arc::clone(frame)))),
+            (None, _) | (_, None) => unknown = true,
+            _ => {}
+        }
+    }
+    match (unknown, pool) {
+        (true, None) => Err(DbErr::Custom(format!(
+            "a #[transactional_outbox] call on a {backend:?} connection runs inside another outbox transaction on {backend:?}, and outbox-seaorm cannot tell whether they are the same database: build outbox-seaorm with the driver feature the app connects with (`sqlx-postgres`, `sqlx-mysql` or `sqlx-sqlite`)"
+        ))),
+        (true, Some(_)) => {
+            tracing::warn!(
+                ?backend,
+                "a #[transactional_outbox] call on a pool runs inside a transaction begun outside the outbox (`db.begin()`), which it cannot tell is the same database: it begins its own transaction and commits on its own; begin the outer transaction with `outbox_seaorm::transaction` so that it is joined"
+            );
+            Ok((pool, None))
+        }
+        (false, _) => Ok((pool, None)),
+    }
+}
+
+/// The transaction a `#[transactional_outbox]` method runs in, and the events it emits.
+#[doc(hidden)]
+pub struct Unit {
+    frame: Arc<Frame>,
+    /// This call's turn on the frame it joined.
+    _turn: Option<OwnedMutexGuard<()>>,
+}
+
+impl Unit {
+    /// Joins the task's current outbox transaction on the same database with a savepoint, or begins one.
+    pub(crate) async fn begin<C: OutboxConnection + ?Sized>(conn: &C) -> Result<Self, DbErr> {
+        match conn.__outbox_source() {
+            ConnectionSource::Pool(db) => match enclosing_on(db)? {
+                (_, Some(outer)) => Self::join(outer).await,
+                (pool, None) => Ok(Self { frame: Arc::new(Frame::new(db.begin().await?, pool, None)), _turn: None }),
+            },
+            ConnectionSource::Transaction(txn) => {
+                // A parameter naming one of this task's outbox transactions (the method's own, passed on).
+                let ours = current().and_then(|c| c.chain().find(|f| std::ptr::eq(&f.txn, txn)).cloned());
+                match ours {
+                    Some(outer) => Self::join(outer).await,
+                    None => Ok(Self { frame: Arc::new(Frame::new(txn.begin().await?, None, None)), _turn: None }),
+                }
+            }
+        }
+    }
+
+    async fn join(outer: Arc<Frame>) -> Result<Self, DbErr> {
+        let turn = Arc::clone(&outer.turn).lock_owned().await;
+        let savepoint = outer.txn.begin().await?;
+        let pool = outer.pool;
+        Ok(Self { frame: Arc::new(Frame::new(savepoint, pool, Some(outer))), _turn: Some(turn) })
+    }
+
+    /// The transaction (or savepoint) the method's body runs in.
+    pub fn txn(&self) -> &DatabaseTransaction {
+        &self.frame.txn
+    }
+
+    /// Runs the body with this unit as the task's current outbox transaction.
+    pub async fn scope<F: Future>(&self, body: F) -> F::Output {
+        CURRENT.scope(Arc::clone(&self.frame), body).await
+    }
+
+    pub(crate) fn push(&self, event: NewEvent) {
+        self.frame.pending().push(event);
+    }
+
+    /// On `Ok`, hands the events up to the enclosing call or writes them, and commits (or releases the
+    /// savepoint); on `Err`, rolls back, events included.
+    pub(crate) async fn finish<T, E>(self, result: Result<T, E>, absorb: impl FnOnce(DbErr) -> E) -> Result<T, E> {
+        let Self { frame, _turn } = self;
+        let frame = match Arc::try_unwrap(frame) {
+            Ok(frame) => frame,
+            // Only a future that outlived the call it was created in can still hold it; whoever drops it
+            // last rolls the transaction back.
+            Err(_) => {
+                return Err(absorb(DbErr::Custom(
+                    "the #[transactional_outbox] transaction is still held by a future that outlived its call; it was rolled back".to_owned(),
+                )));
+            }
+        };
+        match result {
+            Ok(value) => {
+                frame.complete().await.map_err(absorb)?;
+                Ok(value)
+            }
+            Err(error) => {
+                if let Err(rollback) = frame.txn.rollback().await {
+                    // The connection drops the transaction anyway; the caller's error matters more.
+                    tracing::warn!(%rollback, "rollback after a failed #[transactional_outbox] body failed");
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+/// What a `#[read_only]` method runs its statements on: the task's current outbox transaction on the same
+/// database when there is one (so it sees the enclosing call's writes), the connection itself otherwise.
+#[doc(hidden)]
+pub struct Reader<'a> {
+    conn: ConnectionSource<'a>,
+    joined: Option<Arc<Frame>>,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new<C: OutboxConnection + ?Sized>(conn: &'a C) -> Self {
+        let conn = conn.__outbox_source();
+        let joined = match conn {
+            ConnectionSource::Pool(db) => enclosing_on(db).ok().and_then(|(_, frame)| frame),
+            ConnectionSource::Transaction(_) => None,
+        };
+        Self { conn, joined }
+    }
+
+    /// The executor the body's connection names.
+    pub fn executor(&self) -> DatabaseExecutor<'_> {
+        match (&self.joined, self.conn) {
+            (Some(frame), _) => DatabaseExecutor::Transaction(&frame.txn),
+            (None, ConnectionSource::Pool(db)) => DatabaseExecutor::Connection(db),
+            (None, ConnectionSource::Transaction(txn)) => DatabaseExecutor::Transaction(txn),
+        }
+    }
+}
+
+pub(crate) fn into_db_err(error: outbox_runtime::Error) -> DbErr {
+    match error {
+        outbox_runtime::Error::Store { source, .. } => match source.downcast::<DbErr>() {
+            Ok(db_err) => *db_err,
+            Err(other) => DbErr::Custom(other.to_string()),
+        },
+        other => DbErr::Custom(other.to_string()),
+    }
+}
