@@ -85,19 +85,26 @@ pub fn derive_payload_schema(input: TokenStream) -> TokenStream {
 
 /// Runs an async service method (or every such method of an inherent impl block) in a transaction and
 /// inserts the events it emits with `emit!(event)` into the outbox, in emit order, with one multi-row
-/// insert just before commit.
+/// insert just before the outermost commit.
 ///
 /// Where the connection comes from:
-/// - a parameter: `db: &DatabaseConnection` (widened to `&impl OutboxConnection`, so the method also takes
-///   a caller's `&DatabaseTransaction`), `&DatabaseTransaction`, or `&C` with `C: TransactionTrait`.
-///   Inside the body the parameter names the transaction.
 /// - `#[transactional_outbox(conn = self.db)]` (any expression: `state.db`, an `Arc<DatabaseConnection>`):
 ///   inside the body that expression (`&self.db`, `&*self.db`, `self.db.as_ref()`) names the transaction.
 ///   On an impl block, every `async fn` taking `self` runs in a transaction.
+/// - a parameter: `db: &DatabaseConnection` (widened to `&impl OutboxConnection`, so the method also takes
+///   a caller's `&DatabaseTransaction`), `&DatabaseTransaction`, or `&C` with `C: TransactionTrait` (the
+///   macro adds `C: OutboxConnection`). Inside the body the parameter names the transaction.
 ///
-/// On a connection the method begins a transaction, on a transaction a savepoint, so services compose:
-/// an inner call's events commit or roll back with the outermost transaction. `Ok` commits; `Err`, a panic
-/// or cancellation rolls back, events included. The error type must implement `From<DbErr>`.
+/// Services compose. A call made while another annotated call (or an `outbox_seaorm::transaction` scope)
+/// runs in the same task on the same pool joins its transaction with a savepoint, whatever service it
+/// belongs to; otherwise it begins a transaction. `Ok` releases the savepoint and hands the events to the
+/// enclosing call (or, outermost, writes them and commits); `Err`, a panic or cancellation rolls back this
+/// call's statements and events only. A task started with `tokio::spawn` does not inherit the transaction
+/// (its calls commit on their own), and a call on another pool never joins. Concurrent calls in one task
+/// (`tokio::join!`) take turns. The error type must implement `From<DbErr>`.
+///
+/// `#[read_only]` on a method of the block: no transaction of its own (its connection names the pool, or
+/// the enclosing call's transaction when there is one, as a `DatabaseExecutor`); it cannot `emit!`.
 ///
 /// `emit!(event, headers = [("tenant", id)])` adds headers. `emit!` inside a closure or an `async` block
 /// (which may run after the commit), or inside another macro's input, is a compile error on that `emit!`;

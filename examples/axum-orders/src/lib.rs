@@ -43,6 +43,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/orders", post(place_order))
+        .route("/orders/batch", post(place_orders))
         .route("/orders/{id}", get(get_order))
         .route("/invoices", get(list_invoices))
         .with_state(state)
@@ -106,9 +107,18 @@ async fn place_order(
     Ok((StatusCode::CREATED, Json(order)))
 }
 
+/// `POST /orders/batch`: 201 with every order, or 409 and none of them when one id exists.
+async fn place_orders(
+    State(state): State<AppState>,
+    Json(cmds): Json<Vec<PlaceOrder>>,
+) -> Result<(StatusCode, Json<Vec<order::Model>>), ApiError> {
+    let orders = state.orders.place_all(cmds).await?;
+    Ok((StatusCode::CREATED, Json(orders)))
+}
+
 /// `GET /orders/{id}`.
 async fn get_order(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<order::Model>, ApiError> {
-    let order = order::Entity::find_by_id(id).one(&state.db).await?.ok_or(ApiError::NotFound)?;
+    let order = state.orders.get(id).await?.ok_or(ApiError::NotFound)?;
     Ok(Json(order))
 }
 

@@ -1,5 +1,5 @@
 use outbox_seaorm::prelude::*;
-use sea_orm::{ActiveModelTrait, ActiveValue::Set, DatabaseConnection, DatabaseTransaction, DbErr};
+use sea_orm::{ActiveModelTrait, ActiveValue::Set, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait};
 use serde::{Deserialize, Serialize};
 
 use crate::entity::{invoice, order}; // the app's SeaORM entities
@@ -37,6 +37,22 @@ impl OrderService {
         let order = order.insert(&self.db).await?; // `self.db` is the method's transaction here
         emit!(OrderPlaced { order_id: order.id.clone(), customer: order.customer.clone(), total_minor });
         Ok(order) // Ok commits the order and its event; Err, a panic or cancellation rolls both back
+    }
+
+    /// Places a batch, all or nothing: each `place` joins this call's transaction, so one failed order
+    /// takes back every order and event of the batch.
+    pub async fn place_all(&self, cmds: Vec<PlaceOrder>) -> Result<Vec<order::Model>, DbErr> {
+        let mut placed = Vec::with_capacity(cmds.len());
+        for cmd in cmds {
+            placed.push(self.place(cmd).await?);
+        }
+        Ok(placed)
+    }
+
+    /// Reads only, so no transaction of its own (inside another call, it reads in that one's).
+    #[read_only]
+    pub async fn get(&self, id: String) -> Result<Option<order::Model>, DbErr> {
+        order::Entity::find_by_id(id).one(&self.db).await
     }
 }
 

@@ -45,13 +45,19 @@ async fn every_order_is_published_and_invoiced_once(db: DatabaseConnection) {
         shutdown.clone(),
     ));
 
-    for (id, customer, total_minor) in ORDERS {
-        let (status, body) =
-            call(addr, Method::POST, "/orders", json!({ "id": id, "customer": customer, "total_minor": total_minor }))
-                .await;
+    let order = |(id, customer, total_minor): (&str, &str, i64)| json!({ "id": id, "customer": customer, "total_minor": total_minor });
+    for (id, customer, total_minor) in &ORDERS[..3] {
+        let (status, body) = call(addr, Method::POST, "/orders", order((id, customer, *total_minor))).await;
         assert_eq!(status, StatusCode::CREATED, "POST /orders {id}: {body}");
-        assert_eq!(body, json!({ "id": id, "customer": customer, "total_minor": total_minor }));
+        assert_eq!(body, order((id, customer, *total_minor)));
     }
+    // A batch is all or nothing: o1 exists, so o4 and o5, placed before it in the same call, roll back too.
+    let batch = |ids: &[usize]| Value::Array(ids.iter().map(|&i| order(ORDERS[i])).collect());
+    let (status, body) = call(addr, Method::POST, "/orders/batch", batch(&[3, 4, 0])).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(call(addr, Method::GET, "/orders/o4", Value::Null).await.0, StatusCode::NOT_FOUND, "o4 rolled back");
+    let (status, body) = call(addr, Method::POST, "/orders/batch", batch(&[3, 4])).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
     // A client whose first response was lost sends o3 again: the order exists, so no second event either.
     let (status, body) =
         call(addr, Method::POST, "/orders", json!({ "id": "o3", "customer": "edsger", "total_minor": 990 })).await;
