@@ -94,23 +94,82 @@ pub use outbox_macros::PayloadSchema;
 /// Support for the code `#[derive(DomainEvent)]` and `#[derive(PayloadSchema)]` generate; not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::event::{DomainEvent, EventSchema, FieldSchema, PayloadSchema, RegisteredEvent, assert_locked};
+    pub use crate::event::{
+        DomainEvent, EventSchema, FieldSchema, LockMismatch, PayloadSchema, RegisteredEvent, UNCHECKED_FIELDS,
+        lock_mismatch,
+    };
     pub use inventory;
     pub use serde;
     pub use serde_json;
 
-    /// What `DomainEvent` needs of serde; its bound is the one error a missing derive gives.
+    use std::marker::PhantomData;
+
+    /// What `DomainEvent` needs of serde. `Missing` is what the probe below found missing; only `Nothing`
+    /// is implemented, so a missing derive is one error on the event type (a bound `Serialize +
+    /// DeserializeOwned` would give one error per missing trait).
     #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot be a domain event: it does not implement serde's `Serialize` and `Deserialize`",
+        message = "`{Self}` cannot be a domain event: it must implement serde's `Serialize` and `Deserialize`",
         label = "add `#[derive(Serialize, Deserialize)]` (serde) next to `DomainEvent`",
         note = "the outbox stores the event as its JSON payload and consumers decode it from there"
     )]
-    pub trait SerdeEvent {}
+    pub trait SerdeEvent<Missing> {}
 
-    impl<T: serde::Serialize + serde::de::DeserializeOwned> SerdeEvent for T {}
+    impl<T: ?Sized> SerdeEvent<Nothing> for T {}
 
-    /// Compile-time check, spanned at the event type.
-    pub const fn assert_serde<T: SerdeEvent + ?Sized>() {}
+    /// The probe found `Serialize` and `Deserialize`.
+    pub struct Nothing;
+    /// The probe found no `Serialize` (and did not look further).
+    pub struct MissingSerialize;
+    /// The probe found `Serialize` but no `Deserialize`.
+    pub struct MissingDeserialize;
+
+    /// Checks serde's traits on `T` one after the other, by method resolution: `(&&&probe).missing()` takes
+    /// the first of [`SerdeOk`], [`SerializeOnly`], [`NoSerialize`] whose bounds hold (each is implemented
+    /// one reference deeper than the next).
+    pub struct SerdeProbe<T: ?Sized>(PhantomData<T>);
+
+    /// The probe of `T`.
+    pub const fn serde_probe<T: ?Sized>() -> SerdeProbe<T> {
+        SerdeProbe(PhantomData)
+    }
+
+    /// What the probe found; [`Found::check`] is the one bound that can fail.
+    pub struct Found<Missing>(PhantomData<Missing>);
+
+    impl<Missing> Found<Missing> {
+        /// Compile-time check, spanned at the event type.
+        pub fn check<T: SerdeEvent<Missing> + ?Sized>(self) {}
+    }
+
+    /// Both traits.
+    pub trait SerdeOk {
+        /// Nothing missing.
+        fn missing(&self) -> Found<Nothing> {
+            Found(PhantomData)
+        }
+    }
+
+    impl<T: serde::Serialize + serde::de::DeserializeOwned> SerdeOk for &&SerdeProbe<T> {}
+
+    /// `Serialize` alone.
+    pub trait SerializeOnly {
+        /// `Deserialize` missing.
+        fn missing(&self) -> Found<MissingDeserialize> {
+            Found(PhantomData)
+        }
+    }
+
+    impl<T: serde::Serialize + ?Sized> SerializeOnly for &SerdeProbe<T> {}
+
+    /// No `Serialize`.
+    pub trait NoSerialize {
+        /// `Serialize` missing.
+        fn missing(&self) -> Found<MissingSerialize> {
+            Found(PhantomData)
+        }
+    }
+
+    impl<T: ?Sized> NoSerialize for SerdeProbe<T> {}
 }
 
 /// The same module under a name `outbox_seaorm`'s `pub use outbox_runtime::*` does not shadow (it has a

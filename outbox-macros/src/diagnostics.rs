@@ -21,6 +21,11 @@ impl Errors {
         }
     }
 
+    /// How many errors were recorded.
+    pub fn count(&self) -> usize {
+        self.0.as_ref().map_or(0, |all| all.into_iter().count())
+    }
+
     /// `Err` with every error, if any.
     pub fn finish(self) -> syn::Result<()> {
         self.0.map_or(Ok(()), Err)

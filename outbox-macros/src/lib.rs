@@ -14,8 +14,12 @@
 //! - [`idempotent_handler`](macro@idempotent_handler): wraps a consumer in inbox de-duplication, in one
 //!   transaction with its effect.
 //!
-//! Each macro parses, validates, then expands; on an error it still emits the user's item unchanged
-//! alongside the error, so one mistake does not bring a cascade of follow-on errors.
+//! Each macro parses, validates, then expands. On an error it still emits what keeps the rest of the
+//! user's code compiling, so one mistake is one error: the derives a stub `DomainEvent` / `PayloadSchema`
+//! impl (which the `events.lock` comparison accepts as it is), `#[idempotent_handler]` the handler's
+//! signature around the user's function, `#[transactional_outbox]` the method with its `emit!`s
+//! neutralised. Generated code names the crate the app depends on, under whatever name the app gave it
+//! (`ob = { package = "outbox-seaorm", ... }`).
 
 use proc_macro::TokenStream;
 
@@ -52,7 +56,10 @@ mod transactional;
 /// types inside, which must implement `PayloadSchema`) is compared with the entry for `(name, version)` in
 /// the nearest `events.lock` (searched from the source file's directory up to the crate root), and each
 /// `upcast_from` struct (which must implement `PayloadSchema` too) with the entry of its version: a locked
-/// event whose fields changed does not compile. The event is also registered for
+/// event whose fields changed does not compile. The error is on the changed field; for a change inside a
+/// nested type, on the event's field that holds it (or the `upcast_from` type), naming the nested path
+/// (`to.zip`). A locked entry is never rewritten: restore the fields, or add a version; an entry of a
+/// version never released can be deleted and locked again with `OUTBOX_BLESS=1 cargo test`. The event is also registered for
 /// `verify_events_lock_all`, the lock test that adds new entries with `OUTBOX_BLESS=1`.
 ///
 /// A field `#[payload_schema(by_name)]` is locked by its type name only (for a type from another crate
@@ -122,6 +129,11 @@ pub fn transactional_outbox(args: TokenStream, item: TokenStream) -> TokenStream
 ///
 /// `#[idempotent_handler(consumer = "billing")]`. A duplicate returns `InboxOutcome::Duplicate` without
 /// running the body; an unknown event type or version is an error and records nothing.
+///
+/// The function as written stays inside the handler under its own name, with its attributes: an attribute
+/// macro such as `#[tracing::instrument(skip(txn))]` sees the function's own parameters. Docs, `#[cfg]`,
+/// `#[deprecated]`, `#[must_use]` and lint levels (`#[allow]`, `#[expect]`, ...) go on the handler itself,
+/// which holds the function, so they reach its body too.
 #[proc_macro_attribute]
 pub fn idempotent_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     handler::expand(args.into(), item.into()).into()

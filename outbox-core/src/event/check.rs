@@ -2,32 +2,52 @@
 //! `events.lock` and compares it, in a `const`, with what the types it cannot see declare (the fields of
 //! nested types and of `upcast_from` structs, through [`PayloadSchema`](super::PayloadSchema)). A drift fails
 //! the build with the message built here.
+//!
+//! The generated `const` panics itself (`if let Some(m) = lock_mismatch(..) { panic!("{}", m.as_str()) }`,
+//! spanned at the user's field): a panic inside a function called from the `const` would add notes pointing
+//! into this crate and `core` to the one error the user needs.
 
 use super::schema::FieldSchema;
 
-/// Fails compilation (it is called in a `const`) when `now` differs from `locked`.
+/// The `FIELDS` of a type whose `#[derive(PayloadSchema)]` or `#[derive(DomainEvent)]` failed: that derive
+/// already reported the one error, so the lock comparison accepts it as it is instead of adding a second
+/// error about fields it cannot know.
+pub const UNCHECKED_FIELDS: &[FieldSchema] = &[FieldSchema { name: UNCHECKED, ty: UNCHECKED, fields: &[] }];
+
+/// No JSON field or Rust type is spelled like this.
+const UNCHECKED: &str = "\u{0}unchecked";
+
+/// Whether `fields` is [`UNCHECKED_FIELDS`].
+const fn is_unchecked(fields: &[FieldSchema]) -> bool {
+    fields.len() == 1 && str_eq(fields[0].name, UNCHECKED) && str_eq(fields[0].ty, UNCHECKED)
+}
+
+/// The message of the first difference between `now` and `locked`, or `None` when they match.
 ///
 /// The message is `head`, the first difference (with the field's path under `prefix`), then `advice`.
 /// A locked field without nested lines is compared by its type only, like `outbox_schema_lock::compare`.
-pub const fn assert_locked(
+pub const fn lock_mismatch(
     head: &'static str,
     advice: &'static str,
     prefix: &'static str,
     locked: &'static [FieldSchema],
     now: &'static [FieldSchema],
-) {
+) -> Option<LockMismatch> {
     let mut path = Path { segments: [""; MAX_DEPTH], len: 0 };
     if !prefix.is_empty() {
         path = path.with(prefix);
     }
-    if let Some(drift) = first_drift(locked, now, path) {
-        let mut message = Message { bytes: [0; MESSAGE_CAPACITY], len: 0 };
-        message.push(head);
-        message.push(": ");
-        drift.describe(&mut message);
-        message.push(". ");
-        message.push(advice);
-        panic!("{}", message.as_str());
+    match first_drift(locked, now, path) {
+        None => None,
+        Some(drift) => {
+            let mut message = LockMismatch { bytes: [0; MESSAGE_CAPACITY], len: 0 };
+            message.push(head);
+            message.push(": ");
+            drift.describe(&mut message);
+            message.push(". ");
+            message.push(advice);
+            Some(message)
+        }
     }
 }
 
@@ -62,7 +82,7 @@ struct Drift {
 }
 
 impl Drift {
-    const fn describe(&self, message: &mut Message) {
+    const fn describe(&self, message: &mut LockMismatch) {
         message.push("field `");
         let mut i = 0;
         while i < self.path.len {
@@ -98,6 +118,9 @@ const fn find(fields: &'static [FieldSchema], name: &str) -> Option<&'static Fie
 }
 
 const fn first_drift(locked: &'static [FieldSchema], now: &'static [FieldSchema], path: Path) -> Option<Drift> {
+    if is_unchecked(now) {
+        return None;
+    }
     let mut i = 0;
     while i < now.len() {
         let field = &now[i];
@@ -144,14 +167,14 @@ const fn str_eq(a: &str, b: &str) -> bool {
     true
 }
 
-/// A fixed buffer: a `const` cannot allocate. A part that does not fit is left out whole, so the text
-/// stays valid UTF-8.
-struct Message {
+/// The text of a lock mismatch, in a fixed buffer: a `const` cannot allocate. A part that does not fit is
+/// left out whole, so the text stays valid UTF-8.
+pub struct LockMismatch {
     bytes: [u8; MESSAGE_CAPACITY],
     len: usize,
 }
 
-impl Message {
+impl LockMismatch {
     const fn push(&mut self, part: &str) {
         let part = part.as_bytes();
         if self.len + part.len() > MESSAGE_CAPACITY {
@@ -165,7 +188,8 @@ impl Message {
         self.len += part.len();
     }
 
-    const fn as_str(&self) -> &str {
+    /// The message.
+    pub const fn as_str(&self) -> &str {
         match std::str::from_utf8(self.bytes.split_at(self.len).0) {
             Ok(text) => text,
             Err(_) => "the schema differs from events.lock",
@@ -186,7 +210,7 @@ mod tests {
 
     fn drift(now: &'static [FieldSchema]) -> Option<String> {
         first_drift(LOCKED, now, Path { segments: [""; MAX_DEPTH], len: 0 }).map(|d| {
-            let mut message = Message { bytes: [0; MESSAGE_CAPACITY], len: 0 };
+            let mut message = LockMismatch { bytes: [0; MESSAGE_CAPACITY], len: 0 };
             d.describe(&mut message);
             message.as_str().to_owned()
         })
@@ -215,8 +239,26 @@ mod tests {
     }
 
     #[test]
+    fn fields_of_a_failed_derive_match_any_entry() {
+        static NOW: &[FieldSchema] = &[field("id", "String", &[]), field("address", "Address", UNCHECKED_FIELDS)];
+        assert!(first_drift(LOCKED, NOW, Path { segments: [""; MAX_DEPTH], len: 0 }).is_none());
+        assert!(lock_mismatch("h", "a", "", LOCKED, UNCHECKED_FIELDS).is_none());
+    }
+
+    #[test]
+    fn the_message_is_head_drift_and_advice() {
+        static ADDED: &[FieldSchema] = &[field("street", "String", &[]), field("zip", "String", &[])];
+        let mismatch =
+            lock_mismatch("event `e v1` does not match", "Bump the version", "address", LOCKED[1].fields, ADDED);
+        assert_eq!(
+            mismatch.as_ref().map(LockMismatch::as_str),
+            Some("event `e v1` does not match: field `address.zip` is not in events.lock. Bump the version")
+        );
+    }
+
+    #[test]
     fn a_message_too_long_is_cut_at_a_whole_part() {
-        let mut message = Message { bytes: [0; MESSAGE_CAPACITY], len: 0 };
+        let mut message = LockMismatch { bytes: [0; MESSAGE_CAPACITY], len: 0 };
         message.push("é");
         message.push(&"x".repeat(MESSAGE_CAPACITY));
         assert_eq!(message.as_str(), "é");

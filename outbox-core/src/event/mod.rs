@@ -12,7 +12,7 @@ mod schema;
 #[cfg(test)]
 mod tests;
 
-pub use check::assert_locked;
+pub use check::{LockMismatch, UNCHECKED_FIELDS, lock_mismatch};
 pub use lock::{RegisteredEvent, verify_events_lock, verify_events_lock_all};
 pub use schema::{EventSchema, FieldSchema, PayloadSchema};
 

@@ -1,6 +1,6 @@
 //! Code generation for `#[derive(DomainEvent)]` and `#[derive(PayloadSchema)]`.
 
-use proc_macro2::{Span, TokenStream, TokenTree};
+use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
@@ -37,7 +37,7 @@ fn with_schema_bounds(private: &TokenStream, generics: &syn::Generics) -> syn::G
     generics
 }
 
-/// `impl PayloadSchema` with the given field list.
+/// `impl PayloadSchema` whose `FIELDS` is `fields` (an expression of type `&'static [FieldSchema]`).
 fn payload_impl(
     private: &TokenStream,
     ident: &syn::Ident,
@@ -49,7 +49,7 @@ fn payload_impl(
     quote! {
         #[automatically_derived]
         impl #impl_generics #private::PayloadSchema for #ident #ty_generics #where_clause {
-            const FIELDS: &'static [#private::FieldSchema] = &[#fields];
+            const FIELDS: &'static [#private::FieldSchema] = #fields;
         }
     }
 }
@@ -59,7 +59,7 @@ pub fn expand_payload(payload: &Payload<'_>) -> TokenStream {
     let fields = match &payload.body {
         Body::Struct(shape) => {
             let fields = field_schemas(&private, shape.fields());
-            quote!(#(#fields),*)
+            quote!(&[#(#fields),*])
         }
         Body::Enum(variants) => {
             let variants = variants.iter().filter(|v| !v.skipped).map(|variant| {
@@ -82,16 +82,75 @@ pub fn expand_payload(payload: &Payload<'_>) -> TokenStream {
                 };
                 quote!(#private::FieldSchema { name: #json, ty: #ty, fields: #nested })
             });
-            quote!(#(#variants),*)
+            quote!(&[#(#variants),*])
         }
     };
     payload_impl(&private, payload.ident, payload.generics, fields)
 }
 
-/// What a failed `#[derive(PayloadSchema)]` still emits: an impl without fields, so the error is the only one.
+/// What a failed `#[derive(PayloadSchema)]` still emits: an impl whose fields the lock comparison accepts
+/// as they are, so that neither the types holding this one nor a locked entry add a second error.
 pub fn payload_fallback(input: &syn::DeriveInput) -> TokenStream {
     let private = crate::paths::derive_private();
-    payload_impl(&private, &input.ident, &input.generics, quote!())
+    payload_impl(&private, &input.ident, &input.generics, quote!(#private::UNCHECKED_FIELDS))
+}
+
+/// `where` with `extra`'s predicates and the serde bound of `DomainEvent`. Stated with a higher-ranked
+/// bound, the impl itself is accepted when serde's traits are missing (it then never applies), so the
+/// serde check is the only error.
+fn serde_where(
+    private: &TokenStream,
+    ident: &syn::Ident,
+    ty_generics: &syn::TypeGenerics<'_>,
+    extra: Option<&syn::WhereClause>,
+) -> syn::WhereClause {
+    let mut where_clause = extra.cloned().unwrap_or_else(|| syn::parse_quote!(where));
+    where_clause.predicates.push(syn::parse_quote!(
+        for<'__outbox> #ident #ty_generics: #private::serde::Serialize + #private::serde::de::DeserializeOwned
+    ));
+    where_clause
+}
+
+/// What a failed `#[derive(DomainEvent)]` still emits (thiserror's fallback): `PayloadSchema` and
+/// `DomainEvent` impls that are never run, so that every use of the type (`emit!`, `Consumer::on`, an
+/// `E: DomainEvent` bound) compiles and the derive's error is the only one.
+pub fn event_fallback(input: &syn::DeriveInput) -> TokenStream {
+    let ident = &input.ident;
+    let private = crate::paths::derive_private();
+    let payload = payload_impl(&private, ident, &input.generics, quote!(#private::UNCHECKED_FIELDS));
+    let generics = with_schema_bounds(&private, &input.generics);
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    let where_clause = serde_where(&private, ident, &ty_generics, where_clause);
+    let type_name = ident.to_string();
+    quote! {
+        #payload
+
+        #[automatically_derived]
+        impl #impl_generics #private::DomainEvent for #ident #ty_generics #where_clause {
+            const NAME: &'static str = "";
+            const VERSION: i32 = 1;
+            const OLDEST_VERSION: i32 = 1;
+            const AGGREGATE_TYPE: &'static str = "";
+            const SCHEMA: #private::EventSchema = #private::EventSchema {
+                name: "",
+                version: 1,
+                type_name: #type_name,
+                fields: #private::UNCHECKED_FIELDS,
+                upcast_from: &[],
+            };
+
+            fn aggregate_id(&self) -> ::std::string::String {
+                ::std::unreachable!("`#[derive(DomainEvent)]` failed to compile")
+            }
+
+            fn decode_version(
+                _version: i32,
+                _payload: &str,
+            ) -> ::std::result::Result<Self, #private::serde_json::Error> {
+                ::std::unreachable!("`#[derive(DomainEvent)]` failed to compile")
+            }
+        }
+    }
 }
 
 /// The locked fields as `FieldSchema` tokens, for the generated comparison.
@@ -120,7 +179,7 @@ pub fn expand(event: &Event<'_>, lock: &Lock, fields_match: bool) -> TokenStream
     let type_name = ident.to_string();
 
     let fields = field_schemas(&private, event.fields.iter().filter(|f| !f.skipped));
-    let payload = payload_impl(&private, ident, event.generics, quote!(#(#fields),*));
+    let payload = payload_impl(&private, ident, event.generics, quote!(&[#(#fields),*]));
 
     let id_field = event.fields.iter().find(|f| f.aggregate_id.is_some()).and_then(|f| f.ident);
     let aggregate_id = quote_spanned! {id_field.span()=>
@@ -177,7 +236,7 @@ pub fn expand(event: &Event<'_>, lock: &Lock, fields_match: bool) -> TokenStream
         }
     };
     // Registered from its parts, not through `DomainEvent`, so a type missing serde's derives gets the
-    // one `assert_serde` error below and no second one here.
+    // one serde error below and no second one here.
     let register = concrete.then(|| {
         let lock_file = lock.path.display().to_string();
         quote! {
@@ -189,17 +248,18 @@ pub fn expand(event: &Event<'_>, lock: &Lock, fields_match: bool) -> TokenStream
             }
         }
     });
+    // `Serialize` first, `Deserialize` only when it is there: one error for a missing `#[derive]`, not one
+    // per missing trait.
     let serde_check = concrete.then(|| {
         quote_spanned! {ident.span()=>
-            const _: () = #private::assert_serde::<#ident>();
+            const _: fn() = || {
+                #[allow(unused_imports)]
+                use #private::{NoSerialize as _, SerdeOk as _, SerializeOnly as _};
+                (&&&#private::serde_probe::<#ident>()).missing().check::<#ident>();
+            };
         }
     });
-    // `DomainEvent` requires serde's traits. Stated with a higher-ranked bound, the impl itself is
-    // accepted when they are missing (it never applies), so `assert_serde` is the only error.
-    let mut where_clause = where_clause.cloned().unwrap_or_else(|| syn::parse_quote!(where));
-    where_clause.predicates.push(syn::parse_quote!(
-        for<'__outbox> #ident #ty_generics: #private::serde::Serialize + #private::serde::de::DeserializeOwned
-    ));
+    let where_clause = serde_where(&private, ident, &ty_generics, where_clause);
     let checks = if concrete { locked_checks(event, lock, &private, &name, version, fields_match) } else { Vec::new() };
 
     quote! {
@@ -251,28 +311,26 @@ fn locked_checks(
 ) -> Vec<TokenStream> {
     let mut checks = Vec::new();
     if fields_match && let Some(entry) = lock.entry(name, version) {
-        let head = format!("event `{name} v{version}` is locked in events.lock and a type inside it changed");
-        let advice = format!(
-            "Released events must not change, nor the types they hold: restore the locked fields, or bump \
-             `version` to {} and add `upcast_from(v{version} = ...)` with a struct of the old fields",
-            version + 1
-        );
-        for field in event.fields.iter().filter(|f| !f.skipped && !f.by_name) {
+        let ident = event.ident;
+        let advice = super::lock::released_advice(version);
+        for (index, field) in event.fields.iter().filter(|f| !f.skipped).enumerate() {
+            if field.by_name {
+                continue;
+            }
             let Some(node) = entry.iter().find(|n| n.name == field.json_name) else { continue };
             if node.fields.is_empty() {
                 continue;
             }
-            let ty = field.ty;
             let prefix = &field.json_name;
+            let head = format!(
+                "event `{name} v{version}` does not match its entry in events.lock (a type inside field `{prefix}` \
+                 changed)"
+            );
             let locked = locked_tokens(private, &node.fields);
-            checks.push(respan(
-                quote! {
-                    const _: () = #private::assert_locked(
-                        #head, #advice, #prefix, #locked, <#ty as #private::PayloadSchema>::FIELDS,
-                    );
-                },
-                field.span(),
-            ));
+            // The field's nested schema as the event's own `PayloadSchema` impl computed it: no second
+            // `PayloadSchema` bound on the field's type, whose absence is already an error there.
+            let now = quote!(<#ident as #private::PayloadSchema>::FIELDS[#index].fields);
+            checks.push(lock_assertion(private, &head, &advice, prefix, locked, now, field.span()));
         }
     }
     for upcast in &event.upcasts {
@@ -281,27 +339,43 @@ fn locked_checks(
         let ty = &upcast.ty;
         let ty_name = type_string(ty);
         let head = format!(
-            "`{ty_name}` decodes the stored `{name} v{v}` events and no longer matches their entry in events.lock"
+            "`{ty_name}` decodes the stored `{name} v{v}` events and does not match their entry in events.lock"
         );
         let advice = format!(
             "Every stored v{v} event would fail to decode: restore the locked fields of `{ty_name}` (serde \
              renames and nested types included); it must keep the shape v{v} was released with"
         );
         let locked = locked_tokens(private, &entry);
-        checks.push(respan(
-            quote! {
-                const _: () = #private::assert_locked(
-                    #head, #advice, "", #locked, <#ty as #private::PayloadSchema>::FIELDS,
-                );
-            },
-            ty.span(),
-        ));
+        let now = quote_spanned!(ty.span()=> <#ty as #private::PayloadSchema>::FIELDS);
+        checks.push(lock_assertion(private, &head, &advice, "", locked, now, ty.span()));
     }
     checks
 }
 
-/// `tokens` with every span set to `span`, so that an error about the whole expression (a failed `const`
-/// evaluation) lands on the user's type rather than on the derive.
+/// `const _: () = if let Some(m) = lock_mismatch(..) { panic!("{}", m) };` at `span`: the panic is the
+/// `const`'s own and its tokens are spanned as if the user had written them there, so rustc reports one
+/// error at the field with the message, and no note pointing into the runtime or the derive.
+fn lock_assertion(
+    private: &TokenStream,
+    head: &str,
+    advice: &str,
+    prefix: &str,
+    locked: TokenStream,
+    now: TokenStream,
+    span: Span,
+) -> TokenStream {
+    let start = respan(
+        quote!(const _: () = if let ::std::option::Option::Some(__outbox_mismatch) = #private::lock_mismatch),
+        span,
+    );
+    // `now` keeps its own spans: a type error in it belongs where the type is written.
+    let mut args = proc_macro2::Group::new(Delimiter::Parenthesis, quote!(#head, #advice, #prefix, #locked, #now));
+    args.set_span(span);
+    let panic = respan(quote!({ ::std::panic!("{}", __outbox_mismatch.as_str()) };), span);
+    quote!(#start #args #panic)
+}
+
+/// `tokens` with every span set to `span`.
 fn respan(tokens: TokenStream, span: Span) -> TokenStream {
     tokens
         .into_iter()

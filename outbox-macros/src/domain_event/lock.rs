@@ -99,15 +99,23 @@ impl Lock {
                 .map(|f| f.span())
                 .unwrap_or_else(|| event.ident.span()),
         };
+        let name = name.value();
         Err(syn::Error::new(
             span,
             format!(
-                "event `{} v{version}` is locked in events.lock and its schema changed: {change}. \
-                 Released events must not change: bump `version` to {} and add `upcast_from(v{version} = ...)` \
-                 with the old struct",
-                name.value(),
-                version + 1
+                "event `{name} v{version}` does not match its entry in events.lock: {change}. {}",
+                released_advice(version)
             ),
         ))
     }
+}
+
+/// What to do about a locked event whose schema (or a type inside it) changed.
+pub fn released_advice(version: i32) -> String {
+    format!(
+        "A released event must not change, nor the types it holds: restore the locked fields, or bump `version` \
+         to {} and add `upcast_from(v{version} = ...)` with a struct of the locked fields. If v{version} was never \
+         released, delete its entry from events.lock and lock it anew with `OUTBOX_BLESS=1 cargo test`",
+        version + 1
+    )
 }

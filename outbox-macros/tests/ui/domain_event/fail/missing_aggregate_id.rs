@@ -7,4 +7,10 @@ pub struct OrderPlaced {
     pub order_id: String,
 }
 
-fn main() {}
+fn name<E: DomainEvent>() -> &'static str {
+    E::NAME
+}
+
+fn main() {
+    let _ = name::<OrderPlaced>();
+}

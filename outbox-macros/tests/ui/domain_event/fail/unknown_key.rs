@@ -1,4 +1,7 @@
-use outbox_seaorm::DomainEvent;
+// A typo in the attribute is the only error, also where the event is used: the derive still implements
+// `DomainEvent` (with bodies that never run), so `emit!` and an `E: DomainEvent` bound accept the type.
+use outbox_seaorm::prelude::*;
+use sea_orm::{DatabaseConnection, DbErr};
 use serde::{Deserialize, Serialize};
 
 #[derive(DomainEvent, Serialize, Deserialize)]
@@ -8,4 +11,21 @@ pub struct OrderPlaced {
     pub order_id: String,
 }
 
-fn main() {}
+fn aggregate<E: DomainEvent>(event: &E) -> String {
+    event.aggregate_id()
+}
+
+#[transactional_outbox]
+pub async fn place(db: &DatabaseConnection, id: &str) -> Result<(), DbErr> {
+    emit!(OrderPlaced { order_id: id.to_owned() });
+    Ok(())
+}
+
+async fn run(db: &DatabaseConnection) -> Result<(), DbErr> {
+    place(db, "1").await
+}
+
+fn main() {
+    let _ = aggregate(&OrderPlaced { order_id: "1".to_owned() });
+    let _ = run;
+}

@@ -11,6 +11,7 @@ pub struct OrderPlaced {
 
 #[idempotent_handler(consumer = "billing")]
 pub async fn bill(txn: &DatabaseTransaction, event: OrderPlaced, envelope: String) -> Result<(), DbErr> {
+    let _ = (txn, event, envelope);
     Ok(())
 }
 

@@ -1,5 +1,7 @@
+// A typo in the arguments is the only error: the handler is still generated, so its callers compile.
 use outbox_seaorm::prelude::*;
-use sea_orm::{DatabaseTransaction, DbErr};
+use outbox_seaorm::OutboxEvent;
+use sea_orm::{DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::{Deserialize, Serialize};
 
 #[derive(DomainEvent, Serialize, Deserialize)]
@@ -11,7 +13,14 @@ pub struct OrderPlaced {
 
 #[idempotent_handler(consumr = "billing")]
 pub async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
+    let _ = (txn, event);
     Ok(())
 }
 
-fn main() {}
+async fn consume(db: &DatabaseConnection, message: &OutboxEvent) -> bool {
+    matches!(bill(db, message).await, Ok(InboxOutcome::Processed(())))
+}
+
+fn main() {
+    let _ = consume;
+}

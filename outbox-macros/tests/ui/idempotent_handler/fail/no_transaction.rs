@@ -11,6 +11,7 @@ pub struct OrderPlaced {
 
 #[idempotent_handler(consumer = "billing")]
 pub async fn bill(db: &DatabaseConnection, event: OrderPlaced) -> Result<(), DbErr> {
+    let _ = (db, event);
     Ok(())
 }
 

@@ -9,6 +9,7 @@ pub struct OrderPlaced {
 
 #[idempotent_handler(consumer = "billing")]
 pub async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
+    let _ = (txn, event);
     Ok(())
 }
 
