@@ -177,6 +177,9 @@ impl Rewriter<'_> {
                 Err(error) => error.into_compile_error(),
             },
         };
+        // The user's `emit` path is still invoked (its no-op arm), so a `use outbox_seaorm::emit;` stays used.
+        let path = &mac.path;
+        let tokens = quote_spanned! {span=> { #path!(@used); #tokens } };
         syn::parse2(tokens).unwrap_or_else(|e| Expr::Verbatim(e.into_compile_error()))
     }
 

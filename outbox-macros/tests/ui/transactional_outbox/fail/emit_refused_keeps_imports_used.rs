@@ -1,5 +1,5 @@
-//! A refused `emit!` is the only diagnostic: the event's import stays used (no "unused import" warning).
-use outbox_seaorm::prelude::*;
+//! A refused `emit!` is the only diagnostic: the imports of the event and of `emit` stay used (no "unused import" warning).
+use outbox_seaorm::{emit, transactional_outbox};
 use sea_orm::{DatabaseConnection, DbErr};
 
 mod events {
