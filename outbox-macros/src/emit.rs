@@ -178,8 +178,10 @@ impl Rewriter<'_> {
             },
         };
         // The user's `emit` path is still invoked (its no-op arm), so a `use outbox_seaorm::emit;` stays used.
+        // Spanned as generated code (at the `emit!`), so lints do not take the wrapper for the user's.
         let path = &mac.path;
-        let tokens = quote_spanned! {span=> { #path!(@used); #tokens } };
+        let generated = Span::mixed_site().located_at(span);
+        let tokens = quote_spanned! {generated=> { #path!(@used); #tokens } };
         syn::parse2(tokens).unwrap_or_else(|e| Expr::Verbatim(e.into_compile_error()))
     }
 

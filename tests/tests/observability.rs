@@ -22,7 +22,7 @@ use outbox_integration_tests::{Backend, TestDb, run_on};
 use outbox_seaorm::consume::{DeadLetter, Delivery};
 use outbox_seaorm::{
     DomainEvent, InMemoryPublisher, OutboxEvent, OutboxService, PublishError, Publisher, Relay, SeaOrmStore,
-    ServiceConfig, Transport, metrics as names,
+    ServiceConfig, Transport, emit, metrics as names,
 };
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;

@@ -1,6 +1,7 @@
 //! The scenarios, and what they share: the run context, backlog filling and timed drains.
 
 pub mod commit_rate;
+pub mod compose;
 pub mod enqueue_tax;
 pub mod latency;
 pub mod nats;
@@ -22,7 +23,7 @@ use crate::report::Run;
 use crate::target::Target;
 
 /// Every scenario name, in run order.
-pub const ALL: [&str; 14] = [
+pub const ALL: [&str; 15] = [
     "aggregates",
     "backlog",
     "batch",
@@ -32,6 +33,7 @@ pub const ALL: [&str; 14] = [
     "blocked",
     "burst-after-vacuum",
     "enqueue-tax",
+    "compose",
     "latency",
     "commit-rate",
     "rss",
@@ -82,6 +84,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> Result<()> {
         "blocked" => throughput::blocked(ctx).await,
         "burst-after-vacuum" => throughput::burst(ctx).await,
         "enqueue-tax" => enqueue_tax::run(ctx).await,
+        "compose" => compose::run(ctx).await,
         "latency" => latency::run(ctx).await,
         "commit-rate" => commit_rate::run(ctx).await,
         "rss" => rss::run(ctx).await,
