@@ -193,8 +193,7 @@ fn handler_signature(function: &ItemFn, handler: &Handler<'_>, private: &TokenSt
             message: &#private::OutboxEvent,
         ) -> ::std::result::Result<#private::InboxOutcome<#ok_ty>, #private::InboxError<#err_ty>>
         where
-            __C: #private::ConnectionTrait
-                + #private::TransactionTrait<Transaction = #private::DatabaseTransaction>,
+            __C: #private::OutboxConnection + ?::core::marker::Sized,
     }
 }
 

@@ -1,11 +1,13 @@
 //! Consumer-side de-duplication in the consumer's own database.
 
 use chrono::Utc;
-use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, Statement, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, Statement};
 
 use outbox_runtime::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 
+use crate::OutboxConnection;
 use crate::error::{InboxError, store_error};
+use crate::transaction::Unit;
 
 /// Runs `effect` at most once per `(consumer, message_id)`.
 ///
@@ -13,6 +15,9 @@ use crate::error::{InboxError, store_error};
 /// transaction): a duplicate returns [`InboxOutcome::Duplicate`] without running the effect; an effect
 /// error rolls back both, so the message can be retried. Concurrent deliveries of one message wait on the
 /// inbox row: one processes, the others see a duplicate.
+///
+/// The effect runs as the task's current outbox transaction: a `#[transactional_outbox]` call it makes on
+/// the same pool joins it, so the service's rows and events commit with the inbox row, or not at all.
 ///
 /// ```no_run
 /// # async fn demo(db: &sea_orm::DatabaseConnection, id: &str) -> Result<(), Box<dyn std::error::Error>> {
@@ -30,33 +35,29 @@ pub async fn handle_once<C, F, T, E>(
     effect: F,
 ) -> Result<InboxOutcome<T>, InboxError<E>>
 where
-    C: ConnectionTrait + TransactionTrait<Transaction = DatabaseTransaction>,
+    C: OutboxConnection + ?Sized,
     F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
 {
     outbox_runtime::check_name("consumer", consumer, MAX_CONSUMER_LEN)?;
     outbox_runtime::check_name("message_id", message_id, MAX_MESSAGE_ID_LEN)?;
     let backend = db.get_database_backend();
-    let txn = db.begin().await.map_err(|e| store_error("begin", "inbox_messages", backend, e))?;
-    let inserted = txn
-        .execute_raw(record_statement(backend, consumer, message_id))
-        .await
-        .map_err(|e| store_error("record a message", "inbox_messages", backend, e))?
-        .rows_affected();
+    let unit = Unit::begin(db).await.map_err(|e| store_error("begin", "inbox_messages", backend, e))?;
+    let recorded = unit.txn().execute_raw(record_statement(backend, consumer, message_id)).await;
+    let inserted = match recorded {
+        Ok(result) => result.rows_affected(),
+        Err(e) => {
+            let error = InboxError::from(store_error("record a message", "inbox_messages", backend, e));
+            return unit.finish(Err(error), |e| store_error("roll back", "inbox_messages", backend, e).into()).await;
+        }
+    };
     if inserted == 0 {
-        txn.rollback().await.map_err(|e| store_error("roll back", "inbox_messages", backend, e))?;
+        unit.finish(Err::<(), ()>(()), |_| ()).await.ok();
         tracing::debug!(consumer, message_id, "duplicate message dropped by the inbox");
         return Ok(InboxOutcome::Duplicate);
     }
-    match effect(&txn).await {
-        Ok(value) => {
-            txn.commit().await.map_err(|e| store_error("commit", "inbox_messages", backend, e))?;
-            Ok(InboxOutcome::Processed(value))
-        }
-        Err(error) => {
-            txn.rollback().await.map_err(|e| store_error("roll back", "inbox_messages", backend, e))?;
-            Err(InboxError::Effect(error))
-        }
-    }
+    let outcome = unit.scope(effect(unit.txn())).await.map_err(InboxError::Effect);
+    let value = unit.finish(outcome, |e| store_error("commit", "inbox_messages", backend, e).into()).await?;
+    Ok(InboxOutcome::Processed(value))
 }
 
 /// `INSERT` that affects 0 rows for a duplicate: `ON CONFLICT DO NOTHING` on PostgreSQL and SQLite,

@@ -4,11 +4,11 @@ pub use outbox_runtime::{DomainEvent, EventSchema, FieldSchema, InboxOutcome, Ou
 pub use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 pub use serde_json;
 
+pub use crate::OutboxConnection;
 pub use crate::error::InboxError;
 pub use crate::inbox::handle_once;
 pub use crate::transaction::{Reader, Unit};
 
-use crate::OutboxConnection;
 use crate::transaction::into_db_err;
 
 /// Errors of a `#[transactional_outbox]` method must absorb database errors.

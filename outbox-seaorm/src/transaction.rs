@@ -51,16 +51,25 @@ tokio::task_local! {
 /// ```
 ///
 /// On a pool it begins a transaction, or joins the task's current outbox transaction on that pool with a
-/// savepoint (so it composes like an annotated method); on a transaction it begins a savepoint.
+/// savepoint (so it composes like an annotated method). Inside an annotated method, its transaction (the
+/// body's `self.db`) may be passed too.
 ///
 /// # Errors
-/// The body's error, or a database error of `BEGIN`, the event insert or `COMMIT`.
+/// The body's error, or a database error of `BEGIN`, the event insert or `COMMIT`. A transaction the outbox
+/// did not begin (`db.begin()`) is refused: annotated calls could not join it.
 pub async fn transaction<C, T, E, F>(db: &C, body: F) -> Result<T, E>
 where
     C: OutboxConnection + ?Sized,
     F: for<'c> AsyncFnOnce(&'c DatabaseTransaction) -> Result<T, E>,
     E: From<DbErr>,
 {
+    if let ConnectionSource::Transaction(txn) = db.__outbox_source()
+        && !is_ours(txn)
+    {
+        return Err(E::from(DbErr::Custom(
+            "outbox_seaorm::transaction was given a transaction begun outside the outbox (`db.begin()`): the annotated calls inside could not tell it is on their database and would commit on their own; pass the pool (`&db`) instead".to_owned(),
+        )));
+    }
     let unit = Unit::begin(db).await.map_err(E::from)?;
     let result = unit.scope(body(unit.txn())).await;
     unit.finish(result, E::from).await
@@ -161,6 +170,15 @@ fn current() -> Option<Arc<Frame>> {
     CURRENT.try_with(Arc::clone).ok()
 }
 
+/// The task's outbox transaction that `txn` is, if any.
+fn ours(txn: &DatabaseTransaction) -> Option<Arc<Frame>> {
+    current().and_then(|c| c.chain().find(|f| std::ptr::eq(&f.txn, txn)).cloned())
+}
+
+fn is_ours(txn: &DatabaseTransaction) -> bool {
+    ours(txn).is_some()
+}
+
 /// The task's innermost outbox transaction on `pool`, if any.
 fn enclosing_on(db: &DatabaseConnection) -> Result<(Option<PoolId>, Option<Arc<Frame>>), DbErr> {
     let pool = PoolId::of(db);
@@ -210,8 +228,7 @@ impl Unit {
             },
             ConnectionSource::Transaction(txn) => {
                 // A parameter naming one of this task's outbox transactions (the method's own, passed on).
-                let ours = current().and_then(|c| c.chain().find(|f| std::ptr::eq(&f.txn, txn)).cloned());
-                match ours {
+                match ours(txn) {
                     Some(outer) => Self::join(outer).await,
                     None => Ok(Self { frame: Arc::new(Frame::new(txn.begin().await?, None, None)), _turn: None }),
                 }

@@ -333,3 +333,54 @@ async fn composed_calls_run_in_a_spawned_task(t: TestDb) {
     assert_eq!(counts(&t).await, (1, 1, 2), "{t}");
 }
 per_backend!(composed_calls_run_in_a_spawned_task, "svc_send");
+
+/// A consumer's effect that calls a service: the service's rows and events commit with the inbox row.
+async fn bill_through_the_service(
+    billing: &Billing,
+    t: &TestDb,
+    message_id: &str,
+    fail: bool,
+) -> Result<InboxOutcome<()>, outbox_seaorm::InboxError<ShopError>> {
+    outbox_seaorm::handle_once(&t.db, "billing", message_id, async |_txn| {
+        billing.invoice("o1").await?;
+        if fail {
+            return Err(rejected("effect"));
+        }
+        Ok(())
+    })
+    .await
+}
+
+async fn a_service_called_by_a_consumer_commits_with_the_inbox_row(t: TestDb) {
+    create_shop_tables(&t).await;
+    let billing = Billing { db: t.db.clone() };
+    let inbox = async || common::count_inbox(&t, "billing").await;
+    assert!(bill_through_the_service(&billing, &t, "m1", true).await.is_err(), "{t}");
+    assert_eq!(
+        (counts(&t).await, inbox().await),
+        ((0, 0, 0), 0),
+        "{t}: the effect failed: no invoice, event or inbox row"
+    );
+
+    let outcome = bill_through_the_service(&billing, &t, "m1", false).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert!(matches!(outcome, InboxOutcome::Processed(())), "{t}: {outcome:?}");
+    assert_eq!((counts(&t).await, inbox().await), ((0, 1, 1), 1), "{t}");
+
+    let again = bill_through_the_service(&billing, &t, "m1", false).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert!(matches!(again, InboxOutcome::Duplicate), "{t}: {again:?}");
+    assert_eq!((counts(&t).await, inbox().await), ((0, 1, 1), 1), "{t}: a redelivery changes nothing");
+}
+per_backend!(a_service_called_by_a_consumer_commits_with_the_inbox_row, "svc_consumer");
+
+async fn a_transaction_begun_elsewhere_is_refused_by_the_scope(t: TestDb) {
+    use sea_orm::TransactionTrait;
+    create_shop_tables(&t).await;
+    let orders = services(&t);
+    let txn = t.db.begin().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let refused = outbox_seaorm::transaction(&txn, async |_inner| orders.place("o1", false).await).await;
+    let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(message.contains("pass the pool"), "{t}: {message}");
+    txn.rollback().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(counts(&t).await, (0, 0, 0), "{t}: nothing ran");
+}
+per_backend!(a_transaction_begun_elsewhere_is_refused_by_the_scope, "svc_foreign");
