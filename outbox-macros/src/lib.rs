@@ -128,7 +128,9 @@ pub fn transactional_outbox(args: TokenStream, item: TokenStream) -> TokenStream
 /// parameter, `envelope: &OutboxEvent`, gives the body the event's id, time, headers and aggregate version.
 ///
 /// `#[idempotent_handler(consumer = "billing")]`. A duplicate returns `InboxOutcome::Duplicate` without
-/// running the body; an unknown event type or version is an error and records nothing.
+/// running the body; an unknown event type or version is an error and records nothing. The body runs as
+/// the task's outbox transaction: a `#[transactional_outbox]` call it makes on the same pool joins it, so
+/// that service's rows and events commit with the inbox row.
 ///
 /// The function as written stays inside the handler under its own name, with its attributes: an attribute
 /// macro such as `#[tracing::instrument(skip(txn))]` sees the function's own parameters. Docs, `#[cfg]`,
