@@ -4,8 +4,8 @@
 //! through a `#[read_only]` method, and through a method that runs in a transaction.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use outbox_seaorm::prelude::*;
@@ -139,25 +139,15 @@ async fn operation(orders: &Orders, way: Way, n: u64) -> Result<u64> {
     Ok(if way.is_write() { BATCH as u64 } else { 1 })
 }
 
-/// `clients` tasks doing `way` back to back for `duration`.
 async fn cell(orders: &Orders, way: Way, clients: usize, duration: Duration, ids: &Arc<AtomicU64>) -> Result<Run> {
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let (orders, ids) = (orders.clone(), ids.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut done = 0u64;
-            while started.elapsed() < duration {
-                done += operation(&orders, way, ids.fetch_add(1, Ordering::Relaxed)).await?;
-            }
-            Ok::<_, anyhow::Error>(done)
-        }));
-    }
-    let mut done = 0;
-    for task in tasks {
-        done += task.await.context("client task panicked")??;
-    }
-    Ok(Run { done, secs: started.elapsed().as_secs_f64(), timed_out: false })
+    super::load(
+        clients,
+        duration,
+        ids,
+        orders.clone(),
+        move |orders, n| async move { operation(&orders, way, n).await },
+    )
+    .await
 }
 
 /// Runs the scenario.

@@ -3,8 +3,8 @@
 //! `#[transactional_outbox]` method using `emit!`), 1 and 8 clients, 1 and 5 events per transaction.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use outbox_seaorm::prelude::*;
@@ -208,24 +208,11 @@ async fn cell(
     duration: Duration,
     ids: &Arc<AtomicU64>,
 ) -> Result<Run> {
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let (db, ids) = (db.clone(), ids.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut done = 0u64;
-            while started.elapsed() < duration {
-                transaction(&db, way, events, ids.fetch_add(1, Ordering::Relaxed)).await?;
-                done += 1;
-            }
-            Ok::<_, anyhow::Error>(done)
-        }));
-    }
-    let mut done = 0;
-    for task in tasks {
-        done += task.await.context("client task panicked")??;
-    }
-    Ok(Run { done, secs: started.elapsed().as_secs_f64(), timed_out: false })
+    super::load(clients, duration, ids, db.clone(), move |db, n| async move {
+        transaction(&db, way, events, n).await?;
+        Ok(1)
+    })
+    .await
 }
 
 /// Runs the scenario.

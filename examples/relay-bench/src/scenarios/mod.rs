@@ -97,6 +97,33 @@ pub async fn run(ctx: &Ctx, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// `clients` tasks running `op(state, n)` back to back for `duration`, each with the next `n` of `ids`;
+/// `op` returns how many units (transactions, orders) it did.
+pub async fn load<S, F, Fut>(clients: usize, duration: Duration, ids: &Arc<AtomicU64>, state: S, op: F) -> Result<Run>
+where
+    S: Clone + Send + 'static,
+    F: Fn(S, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<u64>> + Send,
+{
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (ids, state, op) = (ids.clone(), state.clone(), op.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0u64;
+            while started.elapsed() < duration {
+                done += op(state.clone(), ids.fetch_add(1, Ordering::Relaxed)).await?;
+            }
+            Ok::<_, anyhow::Error>(done)
+        }));
+    }
+    let mut done = 0;
+    for task in tasks {
+        done += task.await.context("client task panicked")??;
+    }
+    Ok(Run { done, secs: started.elapsed().as_secs_f64(), timed_out: false })
+}
+
 /// Confirms every event without sending it anywhere.
 #[derive(Clone, Copy)]
 pub struct NullPublisher;
