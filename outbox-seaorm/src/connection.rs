@@ -10,9 +10,9 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseExecutor, DatabaseTra
 /// caller can also pass its own transaction. The trait is sealed: SeaORM's connection, transaction and
 /// `DatabaseExecutor` implement it.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a SeaORM connection a `#[transactional_outbox]` method can run on",
+    message = "`{Self}` is not a SeaORM connection the outbox can begin or join a transaction on",
     label = "expected a `&DatabaseConnection` or a `&DatabaseTransaction`",
-    note = "inside a `#[transactional_outbox]` method the connection parameter names its transaction: pass it on as it is"
+    note = "a generic connection parameter needs the bound `C: outbox_seaorm::OutboxConnection`; inside a `#[transactional_outbox]` method the connection parameter names its transaction: pass it on as it is"
 )]
 pub trait OutboxConnection: ConnectionTrait + TransactionTrait<Transaction = DatabaseTransaction> + Sync {
     /// Whether this is a pool or a transaction; not a public API.

@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_runtime::NewEvent;
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseExecutor, DatabaseTransaction, DbBackend, DbErr, TransactionTrait,
+    ConnectionTrait, DatabaseConnection, DatabaseExecutor, DatabaseTransaction, DbBackend, DbErr,
+    SqliteTransactionMode, TransactionOptions, TransactionTrait,
 };
 use tokio::sync::OwnedMutexGuard;
 
@@ -179,6 +180,22 @@ fn is_ours(txn: &DatabaseTransaction) -> bool {
     ours(txn).is_some()
 }
 
+/// Begins a transaction that will write. On SQLite that is `BEGIN IMMEDIATE`, which takes the write lock
+/// (waiting up to the busy timeout) before the first statement: a deferred transaction that reads first
+/// fails at its first write with `database is locked` when another connection wrote since it began, at
+/// once, without waiting (SQLite's deadlock avoidance).
+async fn begin_writer(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
+    if db.get_database_backend() == DbBackend::Sqlite {
+        let immediate = TransactionOptions {
+            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+            ..Default::default()
+        };
+        db.begin_with_options(immediate).await
+    } else {
+        db.begin().await
+    }
+}
+
 /// The task's innermost outbox transaction on `pool`, if any.
 fn enclosing_on(db: &DatabaseConnection) -> Result<(Option<PoolId>, Option<Arc<Frame>>), DbErr> {
     let pool = PoolId::of(db);
@@ -224,7 +241,9 @@ impl Unit {
         match conn.__outbox_source() {
             ConnectionSource::Pool(db) => match enclosing_on(db)? {
                 (_, Some(outer)) => Self::join(outer).await,
-                (pool, None) => Ok(Self { frame: Arc::new(Frame::new(db.begin().await?, pool, None)), _turn: None }),
+                (pool, None) => {
+                    Ok(Self { frame: Arc::new(Frame::new(begin_writer(db).await?, pool, None)), _turn: None })
+                }
             },
             ConnectionSource::Transaction(txn) => {
                 // A parameter naming one of this task's outbox transactions (the method's own, passed on).

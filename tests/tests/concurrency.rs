@@ -12,7 +12,7 @@ use outbox_seaorm::{
     Backoff, BatchOutcome, ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, InMemoryPublisher, NewEvent,
     OutboxStore, Relay, RelayConfig, SeaOrmStore,
 };
-use sea_orm::DbBackend;
+use sea_orm::{ConnectionTrait, DbBackend};
 
 const LEASE: ClaimMode = ClaimMode::Lease { duration: Duration::from_secs(30) };
 
@@ -191,3 +191,95 @@ async fn an_enqueue_never_waits_for_a_relays_open_transaction_claim(t: TestDb) {
     assert_eq!(next_events, ["x:second", "z:first"], "{t}");
 }
 per_backend!(an_enqueue_never_waits_for_a_relays_open_transaction_claim, "enqueue_beside_open_claim");
+
+/// An event written by the contention test's writers.
+#[derive(outbox_seaorm::DomainEvent, serde::Serialize, serde::Deserialize)]
+#[domain_event(name = "concurrency.written", version = 1, aggregate = "order")]
+struct Written {
+    #[aggregate_id]
+    order_id: String,
+    n: u64,
+}
+
+/// A writer whose transaction reads before it writes: the shape SQLite refuses to upgrade to a write, at
+/// once and whatever the busy timeout, when another connection wrote since it began (unless it began
+/// `IMMEDIATE`).
+struct Writer {
+    db: sea_orm::DatabaseConnection,
+}
+
+const COUNT_EVENTS: &str = "SELECT COUNT(*) AS n FROM outbox_events";
+
+#[outbox_seaorm::transactional_outbox(conn = self.db)]
+impl Writer {
+    async fn write(&self, n: u64) -> Result<(), sea_orm::DbErr> {
+        let backend = self.db.get_database_backend();
+        self.db.query_one_raw(sea_orm::Statement::from_string(backend, COUNT_EVENTS)).await?;
+        outbox_seaorm::emit!(Written { order_id: "hot".into(), n });
+        Ok(())
+    }
+}
+
+/// The same through a caller's scope and `enqueue`.
+async fn write_in_scope(db: &sea_orm::DatabaseConnection, n: u64) -> Result<(), sea_orm::DbErr> {
+    outbox_seaorm::transaction(db, async |txn| {
+        let backend = txn.get_database_backend();
+        txn.query_one_raw(sea_orm::Statement::from_string(backend, COUNT_EVENTS)).await?;
+        let event = NewEvent::new("order", "hot", "concurrency.written", &serde_json::json!({ "n": n }))
+            .map_err(|e| sea_orm::DbErr::Custom(e.to_string()))?;
+        outbox_seaorm::enqueue(txn, &event).await.map_err(|e| sea_orm::DbErr::Custom(e.to_string()))?;
+        Ok(())
+    })
+    .await
+}
+
+async fn eight_writers_of_one_aggregate_beside_two_relays_all_commit(t: TestDb) {
+    const WRITERS: u64 = 8;
+    const EACH: u64 = 125;
+    let broker = InMemoryPublisher::new();
+    let shutdown = outbox_seaorm::CancellationToken::new();
+    let mut relays = Vec::new();
+    for _ in 0..2 {
+        let relay = Relay::new(SeaOrmStore::new(t.reconnect().await), broker.clone(), common::fast_config())
+            .unwrap_or_else(|e| panic!("{t}: {e}"));
+        relays.push(tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { relay.run(shutdown).await }
+        }));
+    }
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let writer = Writer { db: t.db.clone() };
+        writers.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            for i in 0..EACH {
+                let n = w * EACH + i;
+                let written = if i % 2 == 0 { writer.write(n).await } else { write_in_scope(&writer.db, n).await };
+                if let Err(e) = written {
+                    failures.push(e.to_string());
+                }
+            }
+            failures
+        }));
+    }
+    let mut failures = Vec::new();
+    for writer in writers {
+        failures.extend(writer.await.unwrap_or_else(|e| panic!("{t}: {e}")));
+    }
+    assert!(failures.is_empty(), "{t}: {} of {} transactions failed: {:?}", failures.len(), WRITERS * EACH, failures);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count_published(&t).await < WRITERS * EACH {
+        assert!(Instant::now() < deadline, "{t}: the relays did not publish the 1000 events within 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    for relay in relays {
+        relay.await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    }
+    let received = broker.received();
+    let distinct: HashSet<_> = received.iter().map(|e| e.id).collect();
+    assert_eq!(distinct.len() as u64, WRITERS * EACH, "{t}: every committed event published");
+    assert_per_aggregate_order(&received, &t);
+}
+per_backend!(eight_writers_of_one_aggregate_beside_two_relays_all_commit, "eight_writers_two_relays");

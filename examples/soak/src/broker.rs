@@ -19,7 +19,7 @@ use outbox_seaorm::{
     BoxError, CancellationToken, Consumer, ConsumerConfig, Destination, InboxOutcome, OutboxEvent, PublishError,
     Publisher, Received,
 };
-use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, TransactionTrait, Value};
+use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait, Value};
 
 use crate::SoakError;
 use crate::db::{placeholders, statement};
@@ -170,7 +170,7 @@ pub async fn remove_topology(url: &str, run_id: &str) -> Result<(), SoakError> {
 /// The handler: one `soak_applied` row per event, at most once per event id (the inbox).
 async fn apply<C>(db: &C, event_id: &str, aggregate_id: &str, version: i64) -> Result<bool, BoxError>
 where
-    C: ConnectionTrait + TransactionTrait<Transaction = DatabaseTransaction>,
+    C: outbox_seaorm::OutboxConnection,
 {
     let outcome = outbox_seaorm::handle_once(db, CONSUMER, event_id, async |txn| {
         let insert = statement(
