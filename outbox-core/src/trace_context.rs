@@ -97,14 +97,21 @@ pub fn extract(headers: &std::collections::BTreeMap<String, String>) -> Option<o
     span_context.is_valid().then(|| opentelemetry::Context::new().with_remote_span_context(span_context))
 }
 
-/// Makes the remote span named by `headers` the parent of `span` (a no-op without a valid `traceparent`
-/// or without an `OpenTelemetryLayer`).
+/// Makes the remote span named by `headers` the parent of `span`. A message without a valid `traceparent`
+/// starts a trace of its own, linked to the span `span` was created in (the consumer's): otherwise every
+/// untraced message would join the consumer's one long trace. A no-op without an `OpenTelemetryLayer`.
 #[cfg(feature = "opentelemetry")]
 pub(crate) fn set_parent(span: &tracing::Span, headers: &std::collections::BTreeMap<String, String>) {
+    use opentelemetry::trace::TraceContextExt as _;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-    if let Some(parent) = extract(headers)
-        && let Err(error) = span.set_parent(parent)
-    {
+    let parent = extract(headers).unwrap_or_else(|| {
+        let enclosing = tracing::Span::current().context().span().span_context().clone();
+        if enclosing.is_valid() {
+            span.add_link(enclosing);
+        }
+        opentelemetry::Context::new()
+    });
+    if let Err(error) = span.set_parent(parent) {
         tracing::trace!(%error, "trace context not restored");
     }
 }

@@ -1,8 +1,9 @@
 //! Schema migrations for the outbox and inbox tables.
 //!
 //! An application with its own `Migrator` adds [`migrations()`] to its list; an application without one
-//! calls [`migrate`], which keeps its own bookkeeping table (`outbox_seaorm_migrations`). Shipped
-//! migrations are never renamed or edited; changes come as new ones.
+//! calls [`migrate`], which keeps its own bookkeeping table (`outbox_seaorm_migrations`). Both may run on
+//! one database, in either order: a migration whose last object exists records itself and does nothing.
+//! Shipped migrations are never renamed, and never change what they create; changes come as new ones.
 
 use sea_orm::{ConnectionTrait, DbBackend};
 use sea_orm_migration::prelude::*;
@@ -64,6 +65,21 @@ pub async fn migrate(db: &sea_orm::DatabaseConnection) -> Result<()> {
     let released = lock.release().await;
     migrated?;
     released
+}
+
+/// Whether a migration already ran under another bookkeeping table: the last object it creates exists.
+/// An app may add [`migrations()`] to its own `Migrator` (table `seaql_migrations`) and also run
+/// [`migrate`] or `outbox migrate` (table `outbox_seaorm_migrations`), in either order; each migration then
+/// finds its work done and only records itself.
+async fn done_already(
+    manager: &SchemaManager<'_>,
+    table: &str,
+    index: Option<&str>,
+) -> std::result::Result<bool, DbErr> {
+    match index {
+        None => manager.has_table(table).await,
+        Some(index) => Ok(manager.has_table(table).await? && manager.has_index(table, index).await?),
+    }
 }
 
 /// Runs `statements`, one at a time, on `manager`'s connection.
@@ -131,6 +147,9 @@ pub mod m20261129_000001_create_outbox {
     #[async_trait::async_trait]
     impl MigrationTrait for Migration {
         async fn up(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            if done_already(manager, "outbox_events", None).await? {
+                return Ok(());
+            }
             manager
                 .create_table(
                     Table::create()
@@ -194,6 +213,9 @@ pub mod m20261129_000002_create_inbox {
     #[async_trait::async_trait]
     impl MigrationTrait for Migration {
         async fn up(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            if done_already(manager, "inbox_messages", None).await? {
+                return Ok(());
+            }
             manager
                 .create_table(
                     Table::create()
@@ -233,6 +255,9 @@ pub mod m20261201_000003_aggregate_versions {
     #[async_trait::async_trait]
     impl MigrationTrait for Migration {
         async fn up(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            if done_already(manager, "outbox_aggregates", Some("outbox_aggregates_due")).await? {
+                return Ok(());
+            }
             manager
                 .create_table(
                     Table::create()
@@ -334,6 +359,9 @@ pub mod m20261215_000004_inbox_retention_index {
     #[async_trait::async_trait]
     impl MigrationTrait for Migration {
         async fn up(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            if done_already(manager, "inbox_messages", Some("inbox_messages_processed")).await? {
+                return Ok(());
+            }
             execute_all(manager, &["CREATE INDEX inbox_messages_processed ON inbox_messages (processed_at_ms)"]).await
         }
 

@@ -58,13 +58,18 @@ impl TestDb {
     /// A second fresh, migrated database on the same server (another schema, database or file): for tests
     /// of what must never cross from one database to another.
     pub async fn another(&self, tag: &str) -> TestDb {
-        let t = match self.backend {
+        let t = self.empty(tag).await;
+        outbox_seaorm::migrate(&t.db).await.unwrap_or_else(|e| panic!("migrate {t}: {e}"));
+        t
+    }
+
+    /// A second fresh database on the same server, not migrated: for tests of the migrations themselves.
+    pub async fn empty(&self, tag: &str) -> TestDb {
+        match self.backend {
             DbBackend::Postgres => postgres(tag).await.unwrap_or_else(|e| panic!("{e}")),
             DbBackend::MySql => mysql(tag).await.unwrap_or_else(|e| panic!("{e}")),
             _ => sqlite(tag).await,
-        };
-        outbox_seaorm::migrate(&t.db).await.unwrap_or_else(|e| panic!("migrate {t}: {e}"));
-        t
+        }
     }
 
     fn schema(&self) -> String {

