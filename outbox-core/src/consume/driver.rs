@@ -211,7 +211,18 @@ impl<'a, T: Transport> Driver<'a, T> {
             let attempt = {
                 let _permit = self.permits.acquire().await;
                 let started = Instant::now();
-                let attempt = route.attempt(event.clone(), previous + failures + 1).await;
+                let limit = self.consumer.config.handler_timeout;
+                let call = route.attempt(event.clone(), previous + failures + 1);
+                let attempt = match tokio::time::timeout(limit, call).await {
+                    Ok(attempt) => attempt,
+                    // Dropping the call rolls back the transaction it had open.
+                    Err(_) => {
+                        Counters::add(&self.counters().timed_out);
+                        Attempt::Failed(format!(
+                            "the handler did not finish within {limit:?} (handler_timeout); abandoned, its transaction rolled back"
+                        ))
+                    }
+                };
                 crate::metrics::handler_duration(&self.consumer.name, &event.event_type, started.elapsed());
                 attempt
             };

@@ -64,6 +64,10 @@ pub struct ConsumerConfig {
     pub fetch_wait: Duration,
     /// Largest payload handed to a handler; a bigger one is dead-lettered (default 1 MiB).
     pub max_payload_bytes: usize,
+    /// How long one handler call may run (default 30 s). Past it the call is abandoned (dropped, so its
+    /// database transaction rolls back), counted in [`ConsumerStats::timed_out`] and retried like a
+    /// failure; it also bounds how long shutdown waits for a running handler.
+    pub handler_timeout: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -76,6 +80,7 @@ impl Default for ConsumerConfig {
             concurrency: 16,
             fetch_wait: Duration::from_secs(1),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            handler_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -106,6 +111,9 @@ impl ConsumerConfig {
         }
         if self.max_payload_bytes == 0 {
             return Err(Error::invalid_config("max_payload_bytes", "is 0"));
+        }
+        if self.handler_timeout.is_zero() || self.handler_timeout > Duration::from_secs(24 * 3600) {
+            return Err(Error::invalid_config("handler_timeout", "must be between 1 ms and a day"));
         }
         Ok(())
     }
@@ -151,6 +159,12 @@ impl ConsumerConfig {
         self.concurrency = concurrency;
         self
     }
+
+    /// Sets [`handler_timeout`](Self::handler_timeout).
+    pub fn with_handler_timeout(mut self, timeout: Duration) -> Self {
+        self.handler_timeout = timeout;
+        self
+    }
 }
 
 /// What a consumer did so far; read with [`Consumer::stats`].
@@ -172,6 +186,9 @@ pub struct ConsumerStats {
     pub released: u64,
     /// Acks the broker did not take (the message comes back; the inbox absorbs it).
     pub ack_failures: u64,
+    /// Handler calls abandoned after [`ConsumerConfig::handler_timeout`] (each also counts as retried, or
+    /// ends in a dead letter when it was the last delivery allowed).
+    pub timed_out: u64,
 }
 
 #[derive(Debug, Default)]
@@ -184,6 +201,7 @@ struct Counters {
     dead_lettered: AtomicU64,
     released: AtomicU64,
     ack_failures: AtomicU64,
+    timed_out: AtomicU64,
 }
 
 impl Counters {
@@ -202,6 +220,7 @@ impl Counters {
             dead_lettered: get(&self.dead_lettered),
             released: get(&self.released),
             ack_failures: get(&self.ack_failures),
+            timed_out: get(&self.timed_out),
         }
     }
 }

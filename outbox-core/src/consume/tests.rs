@@ -278,3 +278,78 @@ async fn a_failed_ack_is_tried_again_before_the_message_is_left_to_redelivery() 
     run_for(&consumer, &transport, Duration::from_millis(300)).await;
     assert_eq!(consumer.stats().ack_failures, 1, "three attempts, then left to the broker: {:?}", consumer.stats());
 }
+
+/// Runs `consumer` until `done` holds (or 30 s pass, which fails the test), then shuts it down.
+async fn run_until(consumer: &Consumer, transport: &Memory, done: impl Fn(&ConsumerStats) -> bool) {
+    let shutdown = crate::CancellationToken::new();
+    let run = consumer.run(transport, shutdown.clone());
+    let watch = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !done(&consumer.stats()) {
+            assert!(tokio::time::Instant::now() < deadline, "not reached in 30 s: {:?}", consumer.stats());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        shutdown.cancel();
+    };
+    let (ran, ()) = tokio::join!(run, watch);
+    ran.unwrap();
+}
+
+#[tokio::test]
+async fn a_hung_handler_is_abandoned_after_its_timeout_and_the_message_retried() {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = calls.clone();
+    let config = fast().with_handler_timeout(Duration::from_millis(50));
+    let consumer = Consumer::new("c").unwrap().with_config(config).unwrap().on::<Tick>(move |_: Received<Tick>| {
+        let first = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                std::future::pending::<()>().await; // hangs for ever
+            }
+            Ok::<_, std::io::Error>(())
+        }
+    });
+    let transport = Memory::with(vec![message("tick", 2, "a", 1)]);
+    run_until(&consumer, &transport, |stats| stats.processed == 1).await;
+    let stats = consumer.stats();
+    assert_eq!((stats.timed_out, stats.retried, stats.processed), (1, 1, 1), "{stats:?}");
+    assert_eq!(transport.acked.lock().unwrap().len(), 1, "acked once, after the second call applied it");
+}
+
+#[tokio::test]
+async fn shutdown_ends_while_a_handler_hangs() {
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let notify = started.clone();
+    let config = fast().with_handler_timeout(Duration::from_millis(100)).with_max_deliveries(1000);
+    let consumer = Consumer::new("c").unwrap().with_config(config).unwrap().on::<Tick>(move |_: Received<Tick>| {
+        notify.notify_one();
+        async {
+            std::future::pending::<()>().await;
+            Ok::<_, std::io::Error>(())
+        }
+    });
+    let transport = Memory::with(vec![message("tick", 2, "a", 1)]);
+    let shutdown = crate::CancellationToken::new();
+    let run = consumer.run(&transport, shutdown.clone());
+    let stop = async {
+        started.notified().await;
+        shutdown.cancel();
+    };
+    // Without a handler timeout this would wait for the hung handler for ever.
+    let (ran, ()) = tokio::time::timeout(Duration::from_secs(30), async { tokio::join!(run, stop) })
+        .await
+        .expect("shutdown finished although the handler never returns");
+    ran.unwrap();
+    let stats = consumer.stats();
+    assert_eq!((stats.processed, stats.released), (0, 1), "handed back to the broker for redelivery: {stats:?}");
+    assert!(stats.timed_out >= 1, "{stats:?}");
+}
+
+#[test]
+fn a_zero_handler_timeout_is_refused() {
+    let err = Consumer::new("c")
+        .unwrap()
+        .with_config(ConsumerConfig::default().with_handler_timeout(Duration::ZERO))
+        .unwrap_err();
+    assert!(err.to_string().contains("handler_timeout"), "{err}");
+}
