@@ -288,18 +288,12 @@ fn rewrite(sig: &mut Signature, block: &mut Block, cx: &Context, read_only: bool
             }
         }
     } else {
-        let Some(ret_ty) = return_type(sig) else { return Ok(()) };
-        transactional_body(&names, &connection, &txn, &rebind, &ret_ty, stmts)
+        // Checked above: a method that is not `#[read_only]` returns a type.
+        let ReturnType::Type(_, ret_ty) = &sig.output else { return Ok(()) };
+        transactional_body(&names, &connection, &txn, &rebind, ret_ty, stmts)
     };
     *block = syn::parse2(tokens)?;
     Ok(())
-}
-
-fn return_type(sig: &Signature) -> Option<Type> {
-    match &sig.output {
-        ReturnType::Type(_, ty) => Some((**ty).clone()),
-        ReturnType::Default => None,
-    }
 }
 
 /// The body of a method that runs in a transaction: begin (or join), run the body as the task's

@@ -46,12 +46,12 @@ where
     let inserted = match recorded {
         Ok(result) => result.rows_affected(),
         Err(e) => {
-            let error = InboxError::from(store_error("record a message", "inbox_messages", backend, e));
-            return unit.finish(Err(error), |e| store_error("roll back", "inbox_messages", backend, e).into()).await;
+            unit.roll_back().await;
+            return Err(store_error("record a message", "inbox_messages", backend, e).into());
         }
     };
     if inserted == 0 {
-        unit.finish(Err::<(), ()>(()), |_| ()).await.ok();
+        unit.roll_back().await;
         tracing::debug!(consumer, message_id, "duplicate message dropped by the inbox");
         return Ok(InboxOutcome::Duplicate);
     }

@@ -65,7 +65,7 @@ where
     E: From<DbErr>,
 {
     if let ConnectionSource::Transaction(txn) = db.__outbox_source()
-        && !is_ours(txn)
+        && ours(txn).is_none()
     {
         return Err(E::from(DbErr::Custom(
             "outbox_seaorm::transaction was given a transaction begun outside the outbox (`db.begin()`): the annotated calls inside could not tell it is on their database and would commit on their own; pass the pool (`&db`) instead".to_owned(),
@@ -108,7 +108,6 @@ impl PoolId {
 /// One outbox transaction (or savepoint) of a task.
 struct Frame {
     txn: DatabaseTransaction,
-    backend: DbBackend,
     /// The pool it runs on, when known: `None` for a savepoint of a transaction begun elsewhere.
     pool: Option<PoolId>,
     /// Events emitted in this frame, and those handed up by the calls that joined it, in emit order.
@@ -123,15 +122,7 @@ struct Frame {
 
 impl Frame {
     fn new(txn: DatabaseTransaction, pool: Option<PoolId>, joined: Option<Arc<Frame>>) -> Self {
-        Self {
-            backend: txn.get_database_backend(),
-            txn,
-            pool,
-            pending: Mutex::default(),
-            turn: Arc::default(),
-            joined,
-            enclosing: current(),
-        }
+        Self { txn, pool, pending: Mutex::default(), turn: Arc::default(), joined, enclosing: current() }
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, Vec<NewEvent>> {
@@ -176,10 +167,6 @@ fn ours(txn: &DatabaseTransaction) -> Option<Arc<Frame>> {
     current().and_then(|c| c.chain().find(|f| std::ptr::eq(&f.txn, txn)).cloned())
 }
 
-fn is_ours(txn: &DatabaseTransaction) -> bool {
-    ours(txn).is_some()
-}
-
 /// Begins a transaction that will write. On SQLite that is `BEGIN IMMEDIATE`, which takes the write lock
 /// (waiting up to the busy timeout) before the first statement: a deferred transaction that reads first
 /// fails at its first write with `database is locked` when another connection wrote since it began, at
@@ -203,7 +190,7 @@ fn enclosing_on(db: &DatabaseConnection) -> Result<(Option<PoolId>, Option<Arc<F
     let Some(current) = current() else { return Ok((pool, None)) };
     let mut unknown = false;
     for frame in current.chain() {
-        if frame.backend != backend {
+        if frame.txn.get_database_backend() != backend {
             continue;
         }
         match (frame.pool, pool) {
@@ -277,31 +264,39 @@ impl Unit {
     }
 
     /// On `Ok`, hands the events up to the enclosing call or writes them, and commits (or releases the
-    /// savepoint); on `Err`, rolls back, events included.
+    /// savepoint); on `Err`, rolls back, events included, and returns the error.
     pub(crate) async fn finish<T, E>(self, result: Result<T, E>, absorb: impl FnOnce(DbErr) -> E) -> Result<T, E> {
-        let Self { frame, _turn } = self;
-        let frame = match Arc::try_unwrap(frame) {
-            Ok(frame) => frame,
-            // Only a future that outlived the call it was created in can still hold it; whoever drops it
-            // last rolls the transaction back.
-            Err(_) => {
-                return Err(absorb(DbErr::Custom(
-                    "the #[transactional_outbox] transaction is still held by a future that outlived its call; it was rolled back".to_owned(),
-                )));
-            }
-        };
         match result {
-            Ok(value) => {
-                frame.complete().await.map_err(absorb)?;
-                Ok(value)
-            }
+            Ok(value) => self.commit().await.map(|()| value).map_err(absorb),
             Err(error) => {
-                if let Err(rollback) = frame.txn.rollback().await {
-                    // The connection drops the transaction anyway; the caller's error matters more.
-                    tracing::warn!(%rollback, "rollback after a failed #[transactional_outbox] body failed");
-                }
+                self.roll_back().await;
                 Err(error)
             }
+        }
+    }
+
+    async fn commit(self) -> Result<(), DbErr> {
+        // The turn is held until the savepoint is released.
+        let Self { frame, _turn } = self;
+        // Only a future that outlived the call it was created in can still hold the frame; whoever drops
+        // it last rolls the transaction back.
+        let frame = Arc::try_unwrap(frame).map_err(|_| {
+            DbErr::Custom(
+                "the #[transactional_outbox] transaction is still held by a future that outlived its call; it was rolled back".to_owned(),
+            )
+        })?;
+        frame.complete().await
+    }
+
+    /// Rolls back (a savepoint: to its start), events included.
+    pub(crate) async fn roll_back(self) {
+        let Self { frame, _turn } = self;
+        // A frame still held elsewhere rolls back when its last holder drops it.
+        if let Ok(frame) = Arc::try_unwrap(frame)
+            && let Err(rollback) = frame.txn.rollback().await
+        {
+            // The connection drops the transaction anyway; the caller's error matters more.
+            tracing::warn!(%rollback, "rollback of an outbox transaction failed");
         }
     }
 }
