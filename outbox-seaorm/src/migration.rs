@@ -17,6 +17,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m20261129_000002_create_inbox::Migration),
         Box::new(m20261201_000003_aggregate_versions::Migration),
         Box::new(m20261215_000004_inbox_retention_index::Migration),
+        Box::new(m20261216_000005_foreign_writers::Migration),
     ]
 }
 
@@ -80,6 +81,22 @@ async fn done_already(
         None => manager.has_table(table).await,
         Some(index) => Ok(manager.has_table(table).await? && manager.has_index(table, index).await?),
     }
+}
+
+/// Whether trigger `name` exists on `outbox_events` (in the current schema on PostgreSQL).
+async fn has_trigger(manager: &SchemaManager<'_>, name: &str) -> std::result::Result<bool, DbErr> {
+    let backend = manager.get_database_backend();
+    let sql = match backend {
+        DbBackend::Postgres => {
+            "SELECT 1 AS found FROM pg_trigger WHERE tgname = $1 AND tgrelid = to_regclass('outbox_events')"
+        }
+        DbBackend::MySql => {
+            "SELECT 1 AS found FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = ?"
+        }
+        _ => "SELECT 1 AS found FROM sqlite_master WHERE type = 'trigger' AND name = ?",
+    };
+    let statement = sea_orm::Statement::from_sql_and_values(backend, sql, [name.into()]);
+    Ok(manager.get_connection().query_one_raw(statement).await?.is_some())
 }
 
 /// Runs `statements`, one at a time, on `manager`'s connection.
@@ -372,5 +389,162 @@ pub mod m20261215_000004_inbox_retention_index {
             };
             execute_all(manager, &[drop]).await
         }
+    }
+}
+
+/// Publishes rows that other writers insert with plain SQL (another service, another language, a tool).
+///
+/// Such a writer knows the event's columns but not `aggregate_version` or `outbox_aggregates`, through
+/// which the relay finds work: its row would be pending for ever (and a second row of the same aggregate
+/// would collide on version 0). A row trigger on `outbox_events` numbers every row inserted without a
+/// version (`aggregate_version` left at its default, 0) the way `enqueue` does: it upserts the
+/// aggregate's `outbox_aggregates` row, takes the next version from it (the row stays locked until the
+/// writer commits, so one aggregate's rows are numbered, and published, in commit order) and marks the
+/// aggregate due. Rows written by this crate carry their version and skip the trigger's body.
+///
+/// - PostgreSQL: `BEFORE INSERT … FOR EACH ROW WHEN (NEW.aggregate_version = 0)`, whose function runs
+///   with the `search_path` the migration ran with (a writer with another `search_path` still reaches
+///   the outbox's own `outbox_aggregates`).
+/// - MySQL/MariaDB: `BEFORE INSERT … FOR EACH ROW`, the body behind `IF NEW.aggregate_version = 0`. With
+///   binary logging on, creating a trigger needs the `TRIGGER` privilege and, unless
+///   `log_bin_trust_function_creators` is set, `SUPER`.
+/// - SQLite: `AFTER INSERT … WHEN NEW.aggregate_version = 0` (SQLite cannot change the row being
+///   inserted): the row is written with version 0, then numbered by `seq` in the same statement.
+///
+/// Rows written with version 0 before this migration (at most one per aggregate, the unique index
+/// refused the rest) are numbered by it.
+#[allow(non_camel_case_types)]
+pub mod m20261216_000005_foreign_writers {
+    use sea_orm::Statement;
+
+    use super::*;
+
+    /// The trigger's name (and, on PostgreSQL, its function's).
+    pub const TRIGGER: &str = "outbox_events_numbering";
+
+    /// The migration.
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m20261216_000005_foreign_writers"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            if has_trigger(manager, TRIGGER).await? {
+                return Ok(());
+            }
+            let backend = manager.get_database_backend();
+            let statements: &[&str] = match backend {
+                DbBackend::Postgres => &[
+                    "CREATE OR REPLACE FUNCTION outbox_events_numbering() RETURNS trigger LANGUAGE plpgsql \
+                     SET search_path FROM CURRENT AS $$ \
+                     BEGIN \
+                       INSERT INTO outbox_aggregates AS a (aggregate_type, aggregate_id, last_version, due_at_ms) \
+                       VALUES (NEW.aggregate_type, NEW.aggregate_id, 1, NEW.next_attempt_at_ms) \
+                       ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
+                       SET last_version = a.last_version + 1, due_at_ms = COALESCE(a.due_at_ms, EXCLUDED.due_at_ms) \
+                       RETURNING a.last_version INTO NEW.aggregate_version; \
+                       RETURN NEW; \
+                     END $$",
+                    "CREATE TRIGGER outbox_events_numbering BEFORE INSERT ON outbox_events FOR EACH ROW \
+                     WHEN (NEW.aggregate_version = 0) EXECUTE FUNCTION outbox_events_numbering()",
+                ],
+                DbBackend::MySql => &["CREATE TRIGGER outbox_events_numbering BEFORE INSERT ON outbox_events \
+                     FOR EACH ROW BEGIN \
+                       IF NEW.aggregate_version = 0 THEN \
+                         INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_version, due_at_ms) \
+                         VALUES (NEW.aggregate_type, NEW.aggregate_id, 1, NEW.next_attempt_at_ms) \
+                         ON DUPLICATE KEY UPDATE last_version = last_version + 1, \
+                         due_at_ms = COALESCE(due_at_ms, VALUES(due_at_ms)); \
+                         SET NEW.aggregate_version = (SELECT last_version FROM outbox_aggregates \
+                           WHERE aggregate_type = NEW.aggregate_type AND aggregate_id = NEW.aggregate_id); \
+                       END IF; \
+                     END"],
+                _ => &["CREATE TRIGGER outbox_events_numbering AFTER INSERT ON outbox_events \
+                     FOR EACH ROW WHEN NEW.aggregate_version = 0 BEGIN \
+                       INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_version, due_at_ms) \
+                       VALUES (NEW.aggregate_type, NEW.aggregate_id, 1, NEW.next_attempt_at_ms) \
+                       ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
+                       SET last_version = last_version + 1, due_at_ms = COALESCE(due_at_ms, excluded.due_at_ms); \
+                       UPDATE outbox_events SET aggregate_version = (SELECT last_version FROM outbox_aggregates \
+                         WHERE aggregate_type = NEW.aggregate_type AND aggregate_id = NEW.aggregate_id) \
+                       WHERE seq = NEW.seq; \
+                     END"],
+            };
+            execute_all(manager, statements).await?;
+            number_earlier_orphans(manager).await
+        }
+
+        async fn down(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            let statements: &[&str] = match manager.get_database_backend() {
+                DbBackend::Postgres => &[
+                    "DROP TRIGGER IF EXISTS outbox_events_numbering ON outbox_events",
+                    "DROP FUNCTION IF EXISTS outbox_events_numbering()",
+                ],
+                _ => &["DROP TRIGGER IF EXISTS outbox_events_numbering"],
+            };
+            execute_all(manager, statements).await
+        }
+    }
+
+    /// Numbers the rows a plain writer inserted before the trigger existed, oldest first, as the trigger
+    /// would have. One full scan of `outbox_events`, once.
+    async fn number_earlier_orphans(manager: &SchemaManager<'_>) -> std::result::Result<(), DbErr> {
+        let db = manager.get_connection();
+        let backend = manager.get_database_backend();
+        let orphans = db
+            .query_all_raw(Statement::from_string(
+                backend,
+                "SELECT seq, aggregate_type, aggregate_id, next_attempt_at_ms FROM outbox_events \
+                 WHERE aggregate_version = 0 ORDER BY seq",
+            ))
+            .await?;
+        let (upsert, read, number) = match backend {
+            DbBackend::Postgres => (
+                "INSERT INTO outbox_aggregates AS a (aggregate_type, aggregate_id, last_version, due_at_ms) \
+                 VALUES ($1, $2, 1, $3) ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
+                 SET last_version = a.last_version + 1, due_at_ms = COALESCE(a.due_at_ms, EXCLUDED.due_at_ms)",
+                "SELECT last_version FROM outbox_aggregates WHERE aggregate_type = $1 AND aggregate_id = $2",
+                "UPDATE outbox_events SET aggregate_version = $1 WHERE seq = $2",
+            ),
+            DbBackend::MySql => (
+                "INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_version, due_at_ms) \
+                 VALUES (?, ?, 1, ?) ON DUPLICATE KEY UPDATE last_version = last_version + 1, \
+                 due_at_ms = COALESCE(due_at_ms, VALUES(due_at_ms))",
+                "SELECT last_version FROM outbox_aggregates WHERE aggregate_type = ? AND aggregate_id = ?",
+                "UPDATE outbox_events SET aggregate_version = ? WHERE seq = ?",
+            ),
+            _ => (
+                "INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_version, due_at_ms) \
+                 VALUES (?, ?, 1, ?) ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
+                 SET last_version = last_version + 1, due_at_ms = COALESCE(due_at_ms, excluded.due_at_ms)",
+                "SELECT last_version FROM outbox_aggregates WHERE aggregate_type = ? AND aggregate_id = ?",
+                "UPDATE outbox_events SET aggregate_version = ? WHERE seq = ?",
+            ),
+        };
+        for row in orphans {
+            let seq: i64 = row.try_get("", "seq")?;
+            let aggregate_type: String = row.try_get("", "aggregate_type")?;
+            let aggregate_id: String = row.try_get("", "aggregate_id")?;
+            let due: i64 = row.try_get("", "next_attempt_at_ms")?;
+            let key = [aggregate_type.clone().into(), aggregate_id.clone().into()];
+            db.execute_raw(Statement::from_sql_and_values(
+                backend,
+                upsert,
+                [aggregate_type.into(), aggregate_id.into(), due.into()],
+            ))
+            .await?;
+            let version: i64 = db
+                .query_one_raw(Statement::from_sql_and_values(backend, read, key))
+                .await?
+                .ok_or_else(|| DbErr::RecordNotFound(format!("outbox_aggregates row of outbox_events row {seq}")))?
+                .try_get("", "last_version")?;
+            db.execute_raw(Statement::from_sql_and_values(backend, number, [version.into(), seq.into()])).await?;
+        }
+        Ok(())
     }
 }

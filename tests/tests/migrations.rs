@@ -20,21 +20,24 @@ impl MigratorTrait for AppMigrator {
     }
 }
 
-/// The outbox's tables, columns and indexes, as text, without the bookkeeping tables.
+/// The outbox's tables, columns, indexes and triggers, as text, without the bookkeeping tables.
 async fn schema(t: &TestDb) -> Vec<String> {
     let sql = match t.backend {
         DbBackend::Postgres => {
             "SELECT 'column ' || table_name || '.' || column_name || ' ' || data_type AS item \
              FROM information_schema.columns WHERE table_schema = current_schema() AND table_name NOT LIKE '%migrations' \
              UNION ALL SELECT 'index ' || replace(indexdef, current_schema() || '.', '') FROM pg_indexes \
-             WHERE schemaname = current_schema() AND tablename NOT LIKE '%migrations' ORDER BY 1"
+             WHERE schemaname = current_schema() AND tablename NOT LIKE '%migrations' \
+             UNION ALL SELECT 'trigger ' || tgname FROM pg_trigger \
+             WHERE tgrelid = to_regclass('outbox_events') AND NOT tgisinternal ORDER BY 1"
         }
         DbBackend::MySql => {
             "SELECT CONCAT('column ', table_name, '.', column_name, ' ', column_type) AS item FROM information_schema.columns \
              WHERE table_schema = DATABASE() AND table_name NOT LIKE '%migrations' \
              UNION ALL SELECT CONCAT('index ', table_name, '.', index_name, '.', seq_in_index, ' ', column_name) \
              FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name NOT LIKE '%migrations' \
-             ORDER BY 1"
+             UNION ALL SELECT CONCAT('trigger ', trigger_name) FROM information_schema.triggers \
+             WHERE trigger_schema = DATABASE() ORDER BY 1"
         }
         _ => {
             "SELECT type || ' ' || name || ' ' || COALESCE(sql, '') AS item FROM sqlite_master \
@@ -69,6 +72,7 @@ async fn migrate_after_the_apps_migrator_and_the_other_way_round(t: TestDb) {
     app_migrator(&first).await;
     let created = schema(&first).await;
     assert!(created.iter().any(|item| item.contains("outbox_events")), "{t}: {created:?}");
+    assert!(created.iter().any(|item| item.starts_with("trigger outbox_events_numbering")), "{t}: {created:?}");
     migrate(&first).await;
     migrate(&first).await;
     assert_eq!(schema(&first).await, created, "{t}: outbox migrate after the app's Migrator changed nothing");

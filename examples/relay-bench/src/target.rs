@@ -108,6 +108,14 @@ impl Target {
         }
         let db = self.connect().await?;
         outbox_seaorm::migrate(&db).await.with_context(|| format!("migrate the {} bench", self.label()))?;
+        if std::env::var_os("OUTBOX_BENCH_WITHOUT_NUMBERING_TRIGGER").is_some() {
+            // What the foreign writers' trigger costs: the same run without it (BENCHMARKS.md).
+            let drop = match self.backend {
+                DbBackend::Postgres => "DROP TRIGGER outbox_events_numbering ON outbox_events",
+                _ => "DROP TRIGGER outbox_events_numbering",
+            };
+            db.execute_unprepared(drop).await.context("drop the numbering trigger")?;
+        }
         Ok(db)
     }
 

@@ -1,0 +1,188 @@
+//! A writer that knows only SQL (another service, another language, a script) inserts outbox rows with the
+//! statement `docs/foreign-writers.md` gives, from a connection of its own: the relay publishes them in
+//! per-aggregate insert order, interleaved correctly with the app's own events, marks the rows it cannot
+//! decode dead with a reason, and `stats` agrees with the rows.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{count_published, enqueue_committed, event, fast_config, outbox_rows};
+use outbox_integration_tests::{TestDb, per_backend};
+use outbox_seaorm::{InMemoryPublisher, OutboxStore, Relay, SeaOrmStore};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value};
+use sea_orm_migration::MigratorTrait;
+
+/// The guide whose statements these tests run, verbatim.
+const GUIDE: &str = include_str!("../../docs/foreign-writers.md");
+
+/// The guide's `INSERT` for `backend`: the first SQL block after the backend's heading.
+fn documented_insert(backend: DbBackend) -> &'static str {
+    let heading = match backend {
+        DbBackend::Postgres => "\nPostgreSQL:\n",
+        DbBackend::MySql => "\nMySQL and MariaDB:\n",
+        _ => "\nSQLite:\n",
+    };
+    let section = GUIDE.split(heading).nth(1).unwrap_or_else(|| panic!("the guide has no {heading:?} section"));
+    let block = section.split("```sql\n").nth(1).expect("an SQL block follows the heading");
+    block.split("\n```").next().expect("the block ends").trim()
+}
+
+/// The guide's statement for `rows` rows in one `VALUES` list (PostgreSQL's placeholders renumbered).
+fn documented_insert_of(backend: DbBackend, rows: usize) -> String {
+    let sql = documented_insert(backend);
+    let (head, tuple) = sql.split_once("VALUES ").expect("a VALUES list");
+    let tuples: Vec<String> = (0..rows)
+        .map(|row| {
+            let mut tuple = tuple.to_owned();
+            if backend == DbBackend::Postgres {
+                for n in (1..=9).rev() {
+                    tuple = tuple.replace(&format!("${n}"), &format!("$#{}", row * 9 + n));
+                }
+                tuple = tuple.replace("$#", "$");
+            }
+            tuple
+        })
+        .collect();
+    format!("{head}VALUES {}", tuples.join(", "))
+}
+
+/// One row as a plain writer binds it.
+struct Plain<'a> {
+    event_id: String,
+    aggregate_id: &'a str,
+    event_type: &'a str,
+    headers: &'a str,
+}
+
+impl<'a> Plain<'a> {
+    fn new(aggregate_id: &'a str, event_type: &'a str) -> Self {
+        Plain { event_id: uuid::Uuid::now_v7().to_string(), aggregate_id, event_type, headers: "{}" }
+    }
+
+    fn with_headers(self, headers: &'a str) -> Self {
+        Plain { headers, ..self }
+    }
+
+    fn with_event_id(self, event_id: &str) -> Self {
+        Plain { event_id: event_id.to_owned(), ..self }
+    }
+
+    fn values(&self) -> [Value; 9] {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        [
+            self.event_id.clone().into(),
+            "order".into(),
+            self.aggregate_id.into(),
+            self.event_type.into(),
+            1i32.into(),
+            format!(r#"{{"step": "{}"}}"#, self.event_type).into(),
+            self.headers.into(),
+            now_ms.into(),
+            now_ms.into(),
+        ]
+    }
+}
+
+/// Inserts `rows` with one statement, in one transaction of `writer` (not the app's pool).
+async fn write_plain(t: &TestDb, writer: &DatabaseConnection, rows: &[Plain<'_>]) {
+    let sql = documented_insert_of(t.backend, rows.len());
+    let values: Vec<Value> = rows.iter().flat_map(Plain::values).collect();
+    let txn = writer.begin().await.unwrap_or_else(|e| panic!("{t}: begin: {e}"));
+    txn.execute_raw(Statement::from_sql_and_values(t.backend, &sql, values))
+        .await
+        .unwrap_or_else(|e| panic!("{t}: the documented INSERT failed: {e}\n{sql}"));
+    txn.commit().await.unwrap_or_else(|e| panic!("{t}: commit: {e}"));
+}
+
+/// Runs relay passes until one finds nothing; returns what the broker received, per aggregate, as event types.
+async fn drain(t: &TestDb) -> BTreeMap<String, Vec<(i64, String)>> {
+    let broker = InMemoryPublisher::new();
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), fast_config()).expect("config");
+    loop {
+        let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        if pass.claimed == 0 && pass.dead == 0 {
+            break;
+        }
+    }
+    let mut per_aggregate: BTreeMap<String, Vec<(i64, String)>> = BTreeMap::new();
+    for e in broker.received() {
+        per_aggregate.entry(e.aggregate_id.clone()).or_default().push((e.aggregate_version, e.event_type.clone()));
+    }
+    per_aggregate
+}
+
+fn numbered(types: &[&str]) -> Vec<(i64, String)> {
+    types.iter().enumerate().map(|(i, t)| (i as i64 + 1, (*t).to_owned())).collect()
+}
+
+async fn rows_written_with_plain_sql_are_published_in_insert_order(t: TestDb) {
+    let writer = t.reconnect().await;
+    write_plain(&t, &writer, &[Plain::new("f1", "f1.a"), Plain::new("f2", "f2.a"), Plain::new("f1", "f1.b")]).await;
+    // The app writes into the same aggregate between two plain writers' transactions.
+    enqueue_committed(&t, &[event("f1", "f1.c", 1)]).await;
+    write_plain(&t, &writer, &[Plain::new("f3", "f3.a")]).await;
+    write_plain(&t, &writer, &[Plain::new("f1", "f1.d"), Plain::new("f2", "f2.b")]).await;
+    // Undecodable: f4's head has headers that are a JSON array (its second event waits behind it), f5's
+    // event id is not a UUID.
+    write_plain(&t, &writer, &[Plain::new("f4", "f4.a").with_headers("[1, 2]"), Plain::new("f4", "f4.b")]).await;
+    write_plain(&t, &writer, &[Plain::new("f5", "f5.a").with_event_id("not-a-uuid")]).await;
+
+    let received = drain(&t).await;
+    assert_eq!(received.get("f1"), Some(&numbered(&["f1.a", "f1.b", "f1.c", "f1.d"])), "{t}: {received:?}");
+    assert_eq!(received.get("f2"), Some(&numbered(&["f2.a", "f2.b"])), "{t}: {received:?}");
+    assert_eq!(received.get("f3"), Some(&numbered(&["f3.a"])), "{t}: {received:?}");
+    assert_eq!(received.len(), 3, "{t}: nothing of f4 or f5 was published: {received:?}");
+
+    let rows = outbox_rows(&t).await;
+    let error_of = |event_type: &str| {
+        let row = rows.iter().find(|r| r.event_type == event_type).expect("the row is kept");
+        assert!(row.dead_at_ms.is_some() && row.published_at_ms.is_none(), "{t}: {row:?}");
+        row.last_error.clone().unwrap_or_default()
+    };
+    assert!(error_of("f4.a").contains("headers"), "{t}: {}", error_of("f4.a"));
+    assert!(error_of("f5.a").contains("is not a UUID"), "{t}: {}", error_of("f5.a"));
+    let blocked = rows.iter().find(|r| r.event_type == "f4.b").expect("f4.b is kept");
+    assert!(blocked.published_at_ms.is_none() && blocked.dead_at_ms.is_none(), "{t}: {blocked:?}");
+
+    let stats = SeaOrmStore::new(t.db.clone()).stats(chrono::Utc::now()).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(count_published(&t).await, 7, "{t}");
+    assert_eq!((stats.dead, stats.pending), (2, 1), "{t}: the two dead heads, and f4.b behind one: {stats:?}");
+}
+per_backend!(rows_written_with_plain_sql_are_published_in_insert_order, "foreign_writers_order");
+
+async fn two_plain_writers_of_one_aggregate_are_numbered_in_commit_order(t: TestDb) {
+    let (first, second) = (t.reconnect().await, t.reconnect().await);
+    let mut expected = Vec::new();
+    for round in 0..10 {
+        let writer = if round % 2 == 0 { &first } else { &second };
+        let (a, b) = (format!("r{round}.a"), format!("r{round}.b"));
+        write_plain(&t, writer, &[Plain::new("hot", &a), Plain::new("hot", &b)]).await;
+        expected.extend([a, b]);
+    }
+    let received = drain(&t).await;
+    let types: Vec<String> =
+        received.get("hot").map(|r| r.iter().map(|(_, t)| t.clone()).collect()).unwrap_or_default();
+    assert_eq!(types, expected, "{t}");
+    let versions: Vec<i64> = received["hot"].iter().map(|(v, _)| *v).collect();
+    assert_eq!(versions, (1..=20).collect::<Vec<i64>>(), "{t}: gapless versions");
+}
+per_backend!(two_plain_writers_of_one_aggregate_are_numbered_in_commit_order, "foreign_writers_two");
+
+async fn a_row_written_before_the_trigger_existed_is_numbered_by_the_migration(t: TestDb) {
+    let old = t.empty("foreign_writers_upgrade").await;
+    // A database as the previous release left it: every migration but the trigger's.
+    let before_trigger = outbox_seaorm::migrations().len() as u32 - 1;
+    outbox_seaorm::Migrator::up(&old.db, Some(before_trigger)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    enqueue_committed(&old, &[event("u1", "u1.a", 1)]).await;
+    let writer = old.reconnect().await;
+    write_plain(&old, &writer, &[Plain::new("u1", "u1.b")]).await;
+    write_plain(&old, &writer, &[Plain::new("u2", "u2.a")]).await;
+
+    outbox_seaorm::migrate(&old.db).await.unwrap_or_else(|e| panic!("{t}: migrate: {e}"));
+    write_plain(&old, &writer, &[Plain::new("u1", "u1.c"), Plain::new("u2", "u2.b")]).await;
+    let received = drain(&old).await;
+    assert_eq!(received.get("u1"), Some(&numbered(&["u1.a", "u1.b", "u1.c"])), "{t}: {received:?}");
+    assert_eq!(received.get("u2"), Some(&numbered(&["u2.a", "u2.b"])), "{t}: {received:?}");
+}
+per_backend!(a_row_written_before_the_trigger_existed_is_numbered_by_the_migration, "foreign_writers_upgrade_host");
