@@ -82,7 +82,7 @@ pub use error::InboxError;
 pub use inbox::handle_once;
 #[cfg(feature = "migrations")]
 pub use migration::{MIGRATE_LOCK_WAIT, Migrator, migrate, migrations};
-pub use store::{SeaOrmBatch, SeaOrmStore};
+pub use store::{ClaimPlan, SeaOrmBatch, SeaOrmStore};
 pub use transaction::transaction;
 
 pub use outbox_macros::{DomainEvent, idempotent_handler, transactional_outbox};

@@ -16,6 +16,11 @@ impl Sql {
         Sql { backend, text: String::new(), values: Vec::new() }
     }
 
+    /// The backend whose placeholders this statement uses.
+    pub(crate) fn backend(&self) -> DbBackend {
+        self.backend
+    }
+
     /// Appends SQL text.
     pub(crate) fn push(&mut self, text: &str) -> &mut Self {
         self.text.push_str(text);

@@ -38,12 +38,13 @@ pub(crate) use dead::replay_matching;
 
 /// The names of the outbox migrations, oldest first: what [`pending_migrations`] looks for (also without
 /// the `migrations` feature).
-pub const MIGRATION_NAMES: [&str; 5] = [
+pub const MIGRATION_NAMES: [&str; 6] = [
     "m20261129_000001_create_outbox",
     "m20261129_000002_create_inbox",
     "m20261201_000003_aggregate_versions",
     "m20261215_000004_inbox_retention_index",
     "m20261216_000005_foreign_writers",
+    "m20261217_000006_one_pending_index",
 ];
 
 #[cfg(all(test, feature = "migrations"))]

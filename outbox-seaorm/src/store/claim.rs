@@ -130,8 +130,24 @@ async fn candidates(
     after: Option<&(i64, String, String)>,
     limit: usize,
 ) -> Result<Vec<Candidate>, DbErr> {
-    let backend = txn.get_database_backend();
-    let mut sql = Sql::new(backend);
+    let mut sql = Sql::new(txn.get_database_backend());
+    write_candidates(&mut sql, request, after, limit);
+    let rows = txn.query_all_raw(sql.build()).await?;
+    rows.iter()
+        .map(|row| {
+            Ok(Candidate {
+                aggregate_type: row.try_get("", "aggregate_type")?,
+                aggregate_id: row.try_get("", "aggregate_id")?,
+                last_version: row.try_get("", "last_version")?,
+                due_at_ms: row.try_get("", "due_at_ms")?,
+                head: row.try_get("", "head")?,
+            })
+        })
+        .collect()
+}
+
+/// The statement of step 1, appended to `sql`.
+fn write_candidates(sql: &mut Sql, request: &ClaimRequest, after: Option<&(i64, String, String)>, limit: usize) {
     sql.push(
         "SELECT a.aggregate_type, a.aggregate_id, a.last_version, a.due_at_ms, \
          (SELECT e.aggregate_version FROM outbox_events e \
@@ -159,18 +175,6 @@ async fn candidates(
             .push("))))");
     }
     sql.push(" ORDER BY a.due_at_ms, a.aggregate_type, a.aggregate_id LIMIT ").bind(limit as i64);
-    let rows = txn.query_all_raw(sql.build()).await?;
-    rows.iter()
-        .map(|row| {
-            Ok(Candidate {
-                aggregate_type: row.try_get("", "aggregate_type")?,
-                aggregate_id: row.try_get("", "aggregate_id")?,
-                last_version: row.try_get("", "last_version")?,
-                due_at_ms: row.try_get("", "due_at_ms")?,
-                head: row.try_get("", "head")?,
-            })
-        })
-        .collect()
 }
 
 /// Most keys in one `IN` list: PostgreSQL expands a row-value list into nested `OR`s, whose depth its
@@ -196,53 +200,120 @@ async fn fetch(txn: &DatabaseTransaction, keys: Keys<'_>, lock: Option<i64>) -> 
     let mut rows = Vec::new();
     for chunk in chunks {
         let mut sql = Sql::new(backend);
-        let select = format!("{CLAIM_COLUMNS}, {}", payload_columns(backend));
-        let filter = |sql: &mut Sql| {
-            sql.push("published_at_ms IS NULL");
-            if let Some(now_ms) = lock {
-                sql.push(" AND dead_at_ms IS NULL AND next_attempt_at_ms <= ")
-                    .bind(now_ms)
-                    .push(" AND (lease_until_ms IS NULL OR lease_until_ms <= ")
-                    .bind(now_ms)
-                    .push(")");
-            }
-        };
-        let suffix = if lock.is_some() && backend != DbBackend::Sqlite { " FOR UPDATE SKIP LOCKED" } else { "" };
-        match &chunk {
-            Keys::Versions(keys) => KeyedSelect {
-                select: &select,
-                table: "outbox_events",
-                key_columns: &["aggregate_type", "aggregate_id", "aggregate_version"],
-                suffix,
-            }
-            .write(
-                &mut sql,
-                keys,
-                |sql, (c, version)| {
-                    sql.bind(c.aggregate_type.as_str())
-                        .push(", ")
-                        .bind(c.aggregate_id.as_str())
-                        .push(", ")
-                        .bind(*version);
-                },
-                filter,
-            ),
-            Keys::Seqs(seqs) => {
-                // Point lookups by primary key lock only the claimed rows; through a secondary index MariaDB
-                // would take next-key (gap) locks that make every enqueue wait for the claim.
-                let hint = if backend == DbBackend::MySql { " FORCE INDEX (PRIMARY)" } else { "" };
-                sql.push("SELECT ").push(&select).push(" FROM outbox_events").push(hint).push(" WHERE seq IN (");
-                sql.join(seqs, ", ", |sql, seq| {
-                    sql.bind(*seq);
-                });
-                sql.push(") AND ");
-                filter(&mut sql);
-                sql.push(suffix);
-            }
-        }
+        write_fetch(&mut sql, &chunk, lock);
         rows.extend(txn.query_all_raw(sql.build()).await?);
     }
     Ok(rows)
+}
+
+/// The statement of [`fetch`] for one chunk of keys, appended to `sql`.
+fn write_fetch(sql: &mut Sql, chunk: &Keys<'_>, lock: Option<i64>) {
+    let backend = sql.backend();
+    let select = format!("{CLAIM_COLUMNS}, {}", payload_columns(backend));
+    let filter = |sql: &mut Sql| {
+        sql.push("published_at_ms IS NULL");
+        if let Some(now_ms) = lock {
+            sql.push(" AND dead_at_ms IS NULL AND next_attempt_at_ms <= ")
+                .bind(now_ms)
+                .push(" AND (lease_until_ms IS NULL OR lease_until_ms <= ")
+                .bind(now_ms)
+                .push(")");
+        }
+    };
+    let suffix = if lock.is_some() && backend != DbBackend::Sqlite { " FOR UPDATE SKIP LOCKED" } else { "" };
+    match chunk {
+        Keys::Versions(keys) => KeyedSelect {
+            select: &select,
+            table: "outbox_events",
+            key_columns: &["aggregate_type", "aggregate_id", "aggregate_version"],
+            suffix,
+        }
+        .write(
+            sql,
+            keys.iter(),
+            |sql, (c, version)| {
+                sql.bind(c.aggregate_type.as_str()).push(", ").bind(c.aggregate_id.as_str()).push(", ").bind(*version);
+            },
+            filter,
+        ),
+        Keys::Seqs(seqs) => {
+            // Point lookups by primary key lock only the claimed rows; through a secondary index MariaDB
+            // would take next-key (gap) locks that make every enqueue wait for the claim.
+            let hint = if backend == DbBackend::MySql { " FORCE INDEX (PRIMARY)" } else { "" };
+            sql.push("SELECT ").push(&select).push(" FROM outbox_events").push(hint).push(" WHERE seq IN (");
+            sql.join(seqs, ", ", |sql, seq| {
+                sql.bind(*seq);
+            });
+            sql.push(") AND ");
+            filter(sql);
+            sql.push(suffix);
+        }
+    }
+}
+
+/// One claim statement and the plan the database chose for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimPlan {
+    /// `candidates` (step 1) or `heads` (step 2, with the heads of the first candidates as keys).
+    pub statement: &'static str,
+    /// The plan, one line per row of `EXPLAIN` (PostgreSQL), `EXPLAIN` (MySQL: table, access type, key,
+    /// rows, extra) or `EXPLAIN QUERY PLAN` (SQLite).
+    pub plan: Vec<String>,
+}
+
+/// The plans of the claim's statements as a relay would run them now, inside `txn` (nothing is executed
+/// but the candidates query that finds real keys for the heads' plan).
+pub(super) async fn explain(txn: &DatabaseTransaction, request: &ClaimRequest) -> Result<Vec<ClaimPlan>, DbErr> {
+    let backend = txn.get_database_backend();
+    let limit = request.limit as usize;
+    let mut plans = Vec::new();
+    let mut sql = Sql::new(backend);
+    sql.push(explain_prefix(backend));
+    write_candidates(&mut sql, request, None, limit);
+    plans.push(ClaimPlan { statement: "candidates", plan: plan_lines(txn, sql).await? });
+
+    let found = candidates(txn, request, None, limit).await?;
+    let heads: Vec<(&Candidate, i64)> = found.iter().filter_map(|c| c.head.map(|head| (c, head))).collect();
+    if !heads.is_empty() {
+        let keys = Keys::Versions(heads.into_iter().take(KEYS_PER_STATEMENT).collect());
+        let mut sql = Sql::new(backend);
+        sql.push(explain_prefix(backend));
+        write_fetch(&mut sql, &keys, Some(request.now.timestamp_millis()));
+        plans.push(ClaimPlan { statement: "heads", plan: plan_lines(txn, sql).await? });
+    }
+    Ok(plans)
+}
+
+fn explain_prefix(backend: DbBackend) -> &'static str {
+    match backend {
+        DbBackend::Sqlite => "EXPLAIN QUERY PLAN ",
+        _ => "EXPLAIN ",
+    }
+}
+
+async fn plan_lines(txn: &DatabaseTransaction, sql: Sql) -> Result<Vec<String>, DbErr> {
+    let backend = txn.get_database_backend();
+    let rows = txn.query_all_raw(sql.build()).await?;
+    rows.iter()
+        .map(|row| match backend {
+            DbBackend::Postgres => row.try_get::<String>("", "QUERY PLAN"),
+            DbBackend::MySql => {
+                let text = |column: &str| -> Result<String, DbErr> {
+                    Ok(row.try_get::<Option<String>>("", column)?.unwrap_or_default())
+                };
+                let rows = row.try_get::<Option<i64>>("", "rows").ok().flatten().unwrap_or_default();
+                Ok(format!(
+                    "{} table={} type={} key={} rows={rows} extra={}",
+                    text("select_type")?,
+                    text("table")?,
+                    text("type")?,
+                    text("key")?,
+                    text("Extra")?
+                ))
+            }
+            _ => row.try_get::<String>("", "detail"),
+        })
+        .collect()
 }
 
 /// Every version of every run in `round`, heads first per aggregate.

@@ -27,6 +27,7 @@ use outbox_runtime::{
 
 use crate::admin::{self, CleanupTable};
 
+pub use claim::ClaimPlan;
 use claim::Claimed;
 use hints::Hint;
 
@@ -63,6 +64,18 @@ impl SeaOrmStore {
     #[cfg(feature = "sqlx-postgres")]
     pub fn notify_listener(&self, channel: crate::notify::NotifyChannel) -> Result<crate::notify::NotifyListener> {
         crate::notify::NotifyListener::new(&self.db, channel)
+    }
+
+    /// The plans the database chooses now for the claim's statements (the due aggregates, and the heads
+    /// of the first of them), for a relay that claims `limit` events: to see why a claim is slow, e.g.
+    /// after an `ANALYZE` taken while nothing was pending. Runs in a transaction it rolls back; only the
+    /// candidates query is executed (to find real keys for the heads' plan).
+    pub async fn claim_plans(&self, limit: u32, dead_letters: DeadLetterPolicy) -> Result<Vec<ClaimPlan>> {
+        let txn = self.db.begin().await.map_err(self.err("begin explaining the claim"))?;
+        let request = ClaimRequest { now: chrono::Utc::now(), limit, mode: ClaimMode::Transaction, dead_letters };
+        let plans = claim::explain(&txn, &request).await.map_err(self.err("explain the claim"))?;
+        txn.rollback().await.map_err(self.err("end explaining the claim"))?;
+        Ok(plans)
     }
 
     fn backend(&self) -> DbBackend {
