@@ -108,13 +108,11 @@ impl Target {
         }
         let db = self.connect().await?;
         outbox_seaorm::migrate(&db).await.with_context(|| format!("migrate the {} bench", self.label()))?;
-        if std::env::var_os("OUTBOX_BENCH_WITHOUT_NUMBERING_TRIGGER").is_some() {
-            // What the foreign writers' trigger costs: the same run without it (BENCHMARKS.md).
-            let drop = match self.backend {
-                DbBackend::Postgres => "DROP TRIGGER outbox_events_numbering ON outbox_events",
-                _ => "DROP TRIGGER outbox_events_numbering",
-            };
-            db.execute_unprepared(drop).await.context("drop the numbering trigger")?;
+        if let Ok(statements) = std::env::var("OUTBOX_BENCH_AFTER_MIGRATE") {
+            // A/B of a schema change against the same binary: e.g. the schema without a migration's work.
+            for sql in statements.split(';').map(str::trim).filter(|sql| !sql.is_empty()) {
+                db.execute_unprepared(sql).await.with_context(|| format!("OUTBOX_BENCH_AFTER_MIGRATE: {sql}"))?;
+            }
         }
         Ok(db)
     }

@@ -23,7 +23,7 @@ use crate::report::Run;
 use crate::target::Target;
 
 /// Every scenario name, in run order.
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 16] = [
     "aggregates",
     "backlog",
     "batch",
@@ -32,6 +32,7 @@ pub const ALL: [&str; 15] = [
     "retained",
     "blocked",
     "burst-after-vacuum",
+    "burst-after-analyze",
     "enqueue-tax",
     "compose",
     "latency",
@@ -83,6 +84,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> Result<()> {
         "retained" => throughput::retained(ctx).await,
         "blocked" => throughput::blocked(ctx).await,
         "burst-after-vacuum" => throughput::burst(ctx).await,
+        "burst-after-analyze" => throughput::burst_after_analyze(ctx).await,
         "enqueue-tax" => enqueue_tax::run(ctx).await,
         "compose" => compose::run(ctx).await,
         "latency" => latency::run(ctx).await,

@@ -260,6 +260,50 @@ pub async fn burst(ctx: &Ctx) -> Result<()> {
     table.emit(ctx.out.as_deref())
 }
 
+/// A quiet outbox (published rows retained, nothing pending) analyzed, then a burst into the same
+/// aggregates, claimed on the statistics of the quiet hour; vs the same burst analyzed after it arrived.
+pub async fn burst_after_analyze(ctx: &Ctx) -> Result<()> {
+    let retained = Shape { events: ctx.size(1_000_000, 20_000), aggregates: 10_000 };
+    let burst = Shape { events: ctx.size(100_000, 10_000), aggregates: 10_000 };
+    let runs = alternate_with(ctx, 2, async |i| {
+        let db = ctx.target.fresh().await?;
+        fill_ours(&db, retained, "o").await?;
+        let published = drain_untimed(&db, &config(1000)).await?;
+        if published != retained.events as u64 {
+            bail!("retained set-up published {published} of {} rows", retained.events);
+        }
+        let stale = i == 1;
+        if stale {
+            ctx.target.vacuum_analyze(&db).await?;
+        }
+        fill_ours(&db, burst, "o").await?;
+        if !stale {
+            ctx.target.vacuum_analyze(&db).await?;
+        }
+        let run = drain_ours(ctx, &config(1000), 1, NullPublisher, burst.events as u64).await;
+        db.close().await.context("close")?;
+        run
+    })
+    .await?;
+    let mut table = Table::new(
+        ctx.title(&format!(
+            "burst-after-analyze: {} events into the 10,000 aggregates of {} retained published rows, events/s",
+            burst.events, retained.events
+        )),
+        &RATE_HEADER,
+    );
+    table.rate_row("analyzed with the burst pending", "ours", &runs[0], None, "events/s");
+    table.rate_row(
+        "analyzed before the burst, nothing pending",
+        "ours",
+        &runs[1],
+        Some(median_rate(&runs[0])),
+        "events/s",
+    );
+    table.note("Statistics: VACUUM ANALYZE (PostgreSQL) / ANALYZE TABLE (MySQL) / ANALYZE (SQLite) of every table.");
+    table.emit(ctx.out.as_deref())
+}
+
 /// One "ours" row per case, each against the first case's median.
 fn rows_against_first(table: &mut Table, cases: impl Iterator<Item = String>, runs: &[Vec<Run>]) {
     let first = median_rate(&runs[0]);
