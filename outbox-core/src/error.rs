@@ -85,6 +85,17 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// The database did not answer, refused the connection, or the URL does not parse.
+    #[error("cannot connect to {backend} at {url}: {source}")]
+    Connect {
+        /// The database backend, e.g. `PostgreSQL`.
+        backend: &'static str,
+        /// The URL, its password replaced by `***`.
+        url: String,
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
     /// The store (database) failed.
     #[error("outbox store failed to {operation} on `{table}` ({backend}): {source}")]
     Store {

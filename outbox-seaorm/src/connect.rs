@@ -68,9 +68,8 @@ pub async fn connect_with(url: &str, configure: impl FnOnce(&mut ConnectOptions)
         options.map_sqlx_sqlite_opts(|opts| opts.busy_timeout(Duration::from_secs(10)));
     }
     configure(&mut options);
-    Database::connect(options).await.map_err(|e| Error::Store {
-        operation: "connect",
-        table: "-",
+    Database::connect(options).await.map_err(|e| Error::Connect {
+        url: outbox_runtime::redact_url(raw),
         backend: match scheme.as_str() {
             "postgres" | "postgresql" => "PostgreSQL",
             "sqlite" => "SQLite",

@@ -29,15 +29,6 @@ pub enum CliError {
     /// The outbox library failed (database, broker, configuration).
     #[error(transparent)]
     Outbox(#[from] outbox_seaorm::Error),
-    /// The database did not answer or refused the connection.
-    #[error("cannot connect to the database at {url}: {source}")]
-    Connect {
-        /// The URL without its credentials.
-        url: String,
-        /// Why.
-        #[source]
-        source: outbox_seaorm::Error,
-    },
     /// The command refuses to go on, and says what to do instead.
     #[error("{0}")]
     Refused(String),
@@ -82,7 +73,7 @@ struct DbArgs {
     #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true, global = true)]
     url: Option<String>,
     /// PostgreSQL: the schema that holds the outbox tables (the connection's search_path).
-    #[arg(long, env = "OUTBOX_SCHEMA", global = true)]
+    #[arg(long, env = "OUTBOX_SCHEMA", global = true, value_parser = parse_schema)]
     schema: Option<String>,
     /// How long to wait for a database connection.
     #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", value_parser = duration::parse, global = true)]
@@ -354,6 +345,22 @@ impl FilterArgs {
     }
 }
 
+/// A PostgreSQL schema name as the connection's `search_path` takes it: a plain identifier.
+fn parse_schema(schema: &str) -> Result<String, String> {
+    let plain = schema.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && schema.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
+    match schema {
+        "" => Err("is empty: name the schema that holds the outbox tables, or unset OUTBOX_SCHEMA to use the \
+                   connection's default search_path"
+            .to_owned()),
+        _ if schema.len() > 63 => Err(format!("{schema:?} is longer than PostgreSQL's 63-byte identifiers")),
+        _ if !plain => Err(format!(
+            "{schema:?} is not a plain identifier (letters, digits, `_` or `$`, not starting with a digit)"
+        )),
+        _ => Ok(schema.to_owned()),
+    }
+}
+
 fn parse_id(id: &str) -> Result<EventId, CliError> {
     id.parse().map_err(|_| CliError::Refused(format!("{:?} is not an event id (a UUID)", outbox_seaorm::one_line(id))))
 }
@@ -519,8 +526,7 @@ async fn open(args: &DbArgs, pool_size: u32) -> Result<DatabaseConnection, CliEr
             options.set_schema_search_path(schema);
         }
     })
-    .await
-    .map_err(|source| CliError::Connect { url: outbox_seaorm::redact_url(url), source })?;
+    .await?;
     Ok(db)
 }
 

@@ -72,6 +72,30 @@ fn a_bad_database_url_exits_non_zero_without_printing_the_password() {
 }
 
 #[test]
+fn a_connect_failure_names_the_database_without_its_password() {
+    let url = format!("postgres://app:{SECRET}@127.0.0.1:1/shop");
+    let output = outbox().env("DATABASE_URL", &url).arg("stats").output().expect("run outbox");
+    let all = text(&output);
+    assert!(!output.status.success(), "{all}");
+    assert!(all.contains("cannot connect to PostgreSQL at postgres://***@127.0.0.1:1/shop"), "{all}");
+}
+
+#[test]
+fn an_empty_or_odd_schema_is_a_usage_error_that_says_what_to_do() {
+    for (schema, says) in [("", "is empty: name the schema"), ("bad-name", "is not a plain identifier")] {
+        let output = outbox()
+            .env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
+            .env("OUTBOX_SCHEMA", schema)
+            .arg("stats")
+            .output()
+            .expect("run outbox");
+        let all = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{schema:?}: {all}");
+        assert!(all.contains(says) && all.contains("--schema"), "{schema:?}: {all}");
+    }
+}
+
+#[test]
 fn help_lists_every_subcommand() {
     let output = outbox().arg("--help").output().expect("run outbox");
     let help = String::from_utf8_lossy(&output.stdout);
