@@ -4,22 +4,51 @@
 //! depends on. It re-exports [`outbox_runtime`] (envelope, relay, publishers) and adds the store.
 //!
 //! ## Quick start
+//! An event type, a service whose methods write their rows and events in one transaction, a handler
+//! that applies each event once, and a relay (README.md has the whole app, with a broker):
 //! ```no_run
-//! use outbox_seaorm::{NewEvent, Relay, RelayConfig, SeaOrmStore, InMemoryPublisher};
-//! use sea_orm::{ConnectionTrait, TransactionTrait};
+//! use outbox_seaorm::{
+//!     DomainEvent, InMemoryPublisher, Relay, RelayConfig, SeaOrmStore, emit, idempotent_handler,
+//!     transactional_outbox,
+//! };
+//! use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(DomainEvent, Clone, Debug, Serialize, Deserialize)]
+//! #[domain_event(name = "order.placed", version = 1, aggregate = "order")]
+//! struct OrderPlaced {
+//!     #[aggregate_id]
+//!     order_id: String,
+//!     total_minor: i64,
+//! }
+//!
+//! struct Orders {
+//!     db: DatabaseConnection,
+//! }
+//!
+//! #[transactional_outbox(conn = self.db)]
+//! impl Orders {
+//!     /// The row and its event commit together on `Ok`, or not at all.
+//!     async fn place(&self, order_id: String, total_minor: i64) -> Result<(), DbErr> {
+//!         self.db.execute_unprepared("INSERT INTO orders (id) VALUES ('o1')").await?;
+//!         emit!(OrderPlaced { order_id, total_minor });
+//!         Ok(())
+//!     }
+//! }
+//!
+//! /// Runs once per event, in one transaction with the inbox row that marks it handled.
+//! #[idempotent_handler(consumer = "billing")]
+//! async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
+//!     txn.execute_unprepared("INSERT INTO invoices (order_id) VALUES ('o1')").await?;
+//!     Ok(())
+//! }
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let db = outbox_seaorm::connect("sqlite://target/app.db?mode=rwc").await?;
 //! outbox_seaorm::migrate(&db).await?;
+//! Orders { db: db.clone() }.place("o1".into(), 4900).await?;
 //!
-//! // The business change and its event commit together, or not at all.
-//! let txn = db.begin().await?;
-//! txn.execute_unprepared("INSERT INTO orders (id) VALUES ('o1')").await?;
-//! let event = NewEvent::new("order", "o1", "order.placed", &serde_json::json!({"total_minor": 4900}))?;
-//! outbox_seaorm::enqueue(&txn, &event).await?;
-//! txn.commit().await?;
-//!
-//! // Elsewhere: the relay publishes committed events, at least once.
+//! // Elsewhere (`OutboxService` in an app, `outbox relay` as a process): publish, at least once.
 //! let relay = Relay::new(SeaOrmStore::new(db.clone()), InMemoryPublisher::new(), RelayConfig::default())?;
 //! relay.run_once().await?;
 //! # Ok(()) }

@@ -54,12 +54,21 @@ pub fn verify_events_lock_all(path: impl AsRef<Path>) -> std::result::Result<(),
     let path = path.as_ref();
     let (schemas, elsewhere) = registered(path);
     if schemas.is_empty() {
-        let mut message =
-            format!("no `#[derive(DomainEvent)]` type linked into this binary is locked in {}", path.display());
+        let mut message = if path.exists() {
+            format!("no `#[derive(DomainEvent)]` type linked into this binary is locked in {}", path.display())
+        } else {
+            format!(
+                "{} does not exist, and no `#[derive(DomainEvent)]` type linked into this binary names it as its lock file",
+                path.display()
+            )
+        };
         if !elsewhere.is_empty() {
             let _ = std::fmt::Write::write_fmt(&mut message, format_args!(" (they use {})", elsewhere.join(", ")));
         }
         message.push_str(": call this from a test of the crate that declares the events, with its events.lock");
+        if !path.exists() {
+            message.push_str(", and run `OUTBOX_BLESS=1 cargo test` there to create the file");
+        }
         return Err(message);
     }
     verify(path, &schemas, blessing())

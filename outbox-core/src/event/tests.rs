@@ -174,9 +174,15 @@ fn derived_events_are_registered_with_their_lock_file() {
     for expected in [("test.placed", 2, "Placed"), ("test.shipped", 1, "Shipped"), ("test.paths", 1, "FullPaths")] {
         assert!(names.contains(&expected), "{expected:?} not in {names:?}");
     }
-    let error = super::verify_events_lock_all(temp_lock("registry")).unwrap_err();
-    assert!(error.starts_with("no `#[derive(DomainEvent)]` type linked into this binary is locked in"), "{error}");
+    let missing = temp_lock("registry");
+    let error = super::verify_events_lock_all(&missing).unwrap_err();
+    assert!(error.contains("does not exist, and no `#[derive(DomainEvent)]` type linked into this binary"), "{error}");
     assert!(error.contains(&format!("(they use {default_lock})")), "{error}");
+    assert!(error.ends_with("run `OUTBOX_BLESS=1 cargo test` there to create the file"), "{error}");
+    std::fs::write(&missing, "").unwrap();
+    let error = super::verify_events_lock_all(&missing).unwrap_err();
+    assert!(error.starts_with("no `#[derive(DomainEvent)]` type linked into this binary is locked in"), "{error}");
+    assert!(!error.contains("OUTBOX_BLESS"), "{error}");
 }
 
 #[derive(PayloadSchema, Serialize, Deserialize)]
