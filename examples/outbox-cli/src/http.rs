@@ -6,7 +6,8 @@
 //!   answering).
 //! - `GET /health/ready` (and `GET /health`): 200 when the relay is connected to the broker, its last
 //!   successful pass is recent and the oldest pending event is younger than `--ready-max-pending-age`;
-//!   503 otherwise. The body is JSON: `ready`, the `reasons` it is not, and the service's `health`.
+//!   503 otherwise. The body is JSON: `ready`, the `reasons` it is not, the service's `health`, and
+//!   `stats_age_seconds`: how old `health.stats` (the stats sampler's last reading) is.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -140,9 +141,18 @@ async fn live() -> Response {
 
 async fn ready(State(shared): State<Shared>) -> Response {
     let health = shared.service.get().map(OutboxService::health);
-    let reasons = shared.readiness.reasons(health.as_ref(), chrono::Utc::now());
+    let now = chrono::Utc::now();
+    let reasons = shared.readiness.reasons(health.as_ref(), now);
     let status = if reasons.is_empty() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    let body = serde_json::json!({ "ready": reasons.is_empty(), "reasons": reasons, "health": health });
+    // `health.stats` is the sampler's last reading, not the outbox now: say how old it is.
+    let stats_age_seconds =
+        health.as_ref().and_then(|h| h.sampled_at).map(|at| (now - at).num_milliseconds().max(0) as f64 / 1000.0);
+    let body = serde_json::json!({
+        "ready": reasons.is_empty(),
+        "reasons": reasons,
+        "stats_age_seconds": stats_age_seconds,
+        "health": health,
+    });
     (status, axum::Json(body)).into_response()
 }
 

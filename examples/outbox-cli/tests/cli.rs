@@ -356,6 +356,10 @@ async fn http_serves_metrics_that_match_the_outbox_and_ready_once_the_backlog_is
         // Ready once everything went out and a sample after that saw no backlog.
         if status == 200 && sample(&metrics, "outbox_pending_events") == Some(0.0) {
             assert!(body.contains("\"ready\":true"), "{t}: {body}");
+            assert!(
+                body.contains("\"stats_age_seconds\":") && !body.contains("\"stats_age_seconds\":null"),
+                "{t}: {body}"
+            );
             break;
         }
         assert!(Instant::now() < deadline, "{t}: not ready within 15 s (is Redis on 6379?): {status} {body}");
