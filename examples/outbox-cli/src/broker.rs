@@ -7,7 +7,7 @@ use outbox_seaorm::brokers::rabbitmq::RabbitPublisher;
 use outbox_seaorm::brokers::redis::RedisPublisher;
 use outbox_seaorm::{Destination, OutboxEvent, PublishError, Publisher};
 
-use crate::{BrokerArgs, CliError};
+use crate::BrokerArgs;
 
 /// Any of the four adapters (boxed: one is built per process, and their sizes differ a lot).
 pub enum AnyPublisher {
@@ -51,14 +51,14 @@ impl Publisher for AnyPublisher {
 }
 
 /// The broker's kind, checked before anything connects (a bad URL is fatal; an unreachable broker is not).
-pub fn kind(args: &BrokerArgs) -> Result<BrokerKind, CliError> {
+pub fn kind(args: &BrokerArgs) -> outbox_seaorm::Result<BrokerKind> {
     let kind = BrokerKind::from_url(&args.broker)?;
     Destination::parse(&args.destination)?;
     Ok(kind)
 }
 
 /// Connects once; the caller retries while the broker is down.
-pub async fn connect(args: &BrokerArgs) -> Result<AnyPublisher, CliError> {
+pub async fn connect(args: &BrokerArgs) -> outbox_seaorm::Result<AnyPublisher> {
     let destination = Destination::parse(&args.destination)?;
     Ok(match kind(args)? {
         BrokerKind::Nats => {

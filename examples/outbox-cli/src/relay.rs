@@ -2,8 +2,7 @@
 //! health probes ([`http`](crate::http)). A broker that is down at start is retried (with the backlog in
 //! the log) until it answers; a bad URL or setting is fatal at once.
 
-use std::time::Duration;
-
+use outbox_seaorm::brokers::{ConnectRetry, connect_with_retry};
 use outbox_seaorm::{
     CancellationToken, CleanupConfig, DeadLetterPolicy, Health, OutboxService, SeaOrmStore, ServiceConfig, redact_url,
 };
@@ -54,7 +53,7 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
         None => None,
     };
     let shown = redact_url(&args.broker.broker);
-    let Some(publisher) = connect_broker(&db, &args, &shown, &shutdown).await else {
+    let Some(publisher) = connect_broker(&db, &args, &shown, &shutdown).await? else {
         tracing::info!("stopped before the broker answered");
         return Ok(());
     };
@@ -97,38 +96,25 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
     Ok(())
 }
 
-/// Connects to the broker, retrying (1 s doubling to 30 s) while it is unreachable; `None` when a signal
-/// came first.
+/// Connects to the broker, retrying for ever (1 s doubling to 30 s, `connect_with_retry`) while it is
+/// unreachable; `None` when a signal came first, an error only for a configuration the broker refuses.
 async fn connect_broker(
     db: &DatabaseConnection,
     args: &RelayArgs,
     shown: &str,
     shutdown: &CancellationToken,
-) -> Option<broker::AnyPublisher> {
-    let mut delay = Duration::from_secs(1);
-    loop {
-        let attempt = tokio::select! {
-            () = shutdown.cancelled() => return None,
-            attempt = broker::connect(&args.broker) => attempt,
-        };
-        match attempt {
-            Ok(publisher) => return Some(publisher),
-            Err(error) => {
-                let waiting = admin::stats(db).await.map(|s| s.pending).unwrap_or_default();
-                tracing::warn!(
-                    broker = %shown,
-                    %error,
-                    events_waiting = waiting,
-                    retry_in = ?delay,
-                    "broker unreachable; retrying (events wait in the outbox)"
-                );
-            }
+) -> Result<Option<broker::AnyPublisher>, CliError> {
+    let attempt = || async {
+        let attempt = broker::connect(&args.broker).await;
+        if attempt.is_err() {
+            let waiting = admin::stats(db).await.map(|s| s.pending).unwrap_or_default();
+            tracing::info!(events_waiting = waiting, "events wait in the outbox until the broker answers");
         }
-        tokio::select! {
-            () = shutdown.cancelled() => return None,
-            () = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(Duration::from_secs(30));
+        attempt
+    };
+    tokio::select! {
+        () = shutdown.cancelled() => Ok(None),
+        connected = connect_with_retry(shown, ConnectRetry::forever(), attempt) => Ok(Some(connected?)),
     }
 }
 

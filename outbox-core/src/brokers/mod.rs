@@ -5,7 +5,9 @@
 //! - consumes through a [`Transport`](crate::consume::Transport) driven by the one consume driver,
 //!   [`Consumer::run`](crate::Consumer::run), with dead letters on by default and a
 //!   [`ReplayDeadLetters`](crate::consume::ReplayDeadLetters) API;
-//! - parses its URL with [`BrokerUrl`], so no error ever shows a password.
+//! - parses its URL with [`BrokerUrl`], so no error ever shows a password;
+//! - connects once in its constructor: wrap it in [`connect_with_retry`] for a broker that may come up
+//!   after the app (the `outbox relay` command does, with [`ConnectRetry::forever`]).
 //!
 //! | feature | URL | publisher | transport |
 //! |---|---|---|---|
@@ -23,8 +25,10 @@ pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+mod retry;
 mod url;
 
+pub use retry::{ConnectRetry, connect_with_retry};
 pub use url::BrokerUrl;
 
 use crate::error::Result;
