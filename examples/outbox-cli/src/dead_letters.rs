@@ -322,8 +322,12 @@ async fn open(source: &SourceArgs, kind: BrokerKind) -> Result<AnyTransport, Cli
                 return Err(CliError::Refused("Kafka needs --topic (the topics consumed)".to_owned()));
             }
             let group = required(&source.group, "--group", kind, "the consumer group")?;
+            // Assigned, not subscribed: the command must never join the consumer group (a member that
+            // comes and goes would make the group rebalance). Its dead-letter walk reads only the topics'
+            // dead-letter topics, as group `<group>.replay`.
+            let assigned = source.topics.iter().map(|topic| (topic.clone(), 0)).collect();
             let mut transport =
-                KafkaTransport::connect(&source.broker, group, Subscription::Topics(source.topics.clone()), &[])?;
+                KafkaTransport::connect(&source.broker, group, Subscription::Partitions(assigned), &[])?;
             if let Some(suffix) = &source.dead_letter_suffix {
                 transport = transport.with_dead_letter_suffix(suffix)?;
             }
