@@ -104,7 +104,7 @@ enum Command {
     /// List, show, replay, discard or count consumer dead letters: messages a consumer gave up on (at the
     /// broker: NATS JetStream, Kafka, RabbitMQ, Redis Streams). Needs no database.
     #[command(subcommand)]
-    DeadLetters(dead_letters::DeadLettersCommand),
+    DeadLetters(Box<dead_letters::DeadLettersCommand>),
     /// Delete published outbox rows (and, if asked, inbox rows) past their retention, in batches.
     Cleanup(CleanupArgs),
     /// Check the connection, the migrations, that the database is a writable primary, and clock skew.
@@ -468,7 +468,7 @@ fn percent_decode(text: &str) -> String {
 async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let command = match cli.command {
         Command::DeadLetters(command) => {
-            dead_letters::run(command).await?;
+            dead_letters::run(*command).await?;
             return Ok(ExitCode::SUCCESS);
         }
         command => command,
@@ -504,7 +504,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
         }
         Command::Dead(command) => dead(&db, command).await?,
-        Command::DeadLetters(command) => dead_letters::run(command).await?,
+        Command::DeadLetters(command) => dead_letters::run(*command).await?,
         Command::Cleanup(args) => cleanup(&db, args).await?,
         Command::Notify(command) => notify(&db, command).await?,
         Command::Check(args) => {

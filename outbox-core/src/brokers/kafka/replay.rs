@@ -60,7 +60,7 @@ impl KafkaTransport {
         let mut outcome = DeadLetterOutcome::default();
         let mut selected = 0usize;
         // Per partition, in offset order: (record, entry, selected).
-        let mut partitions: BTreeMap<(String, i32), Vec<(DeadRecord, DeadLetterEntry, bool)>> = BTreeMap::new();
+        let mut partitions: BTreeMap<(String, i32), Vec<Walked>> = BTreeMap::new();
         for record in records {
             let text: BTreeMap<String, String> = record
                 .headers
@@ -212,6 +212,9 @@ impl KafkaTransport {
         Ok((reader, records))
     }
 }
+
+/// A record of a walk, its entry, and whether the filter selected it.
+type Walked = (DeadRecord, DeadLetterEntry, bool);
 
 /// One record of a dead-letter topic.
 struct DeadRecord {
