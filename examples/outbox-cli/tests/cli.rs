@@ -75,7 +75,7 @@ fn a_bad_database_url_exits_non_zero_without_printing_the_password() {
 fn help_lists_every_subcommand() {
     let output = outbox().arg("--help").output().expect("run outbox");
     let help = String::from_utf8_lossy(&output.stdout);
-    for command in ["relay", "migrate", "stats", "dead", "cleanup", "check"] {
+    for command in ["relay", "migrate", "stats", "dead", "dead-letters", "cleanup", "check"] {
         assert!(help.contains(command), "--help lacks {command}: {help}");
     }
 }
