@@ -55,6 +55,9 @@ pub enum DeadLettersCommand {
     Count {
         #[command(flatten)]
         source: SourceArgs,
+        /// Consumers to report even with no dead letter (repeat, or comma-separate).
+        #[arg(long = "consumer", env = "OUTBOX_CONSUMER", value_delimiter = ',')]
+        consumers: Vec<String>,
         #[command(flatten)]
         output: JsonArgs,
     },
@@ -388,8 +391,8 @@ pub async fn run(command: DeadLettersCommand) -> Result<(), CliError> {
             let discarded = transport.discard_dead_letters(&filter).await?;
             println!("discarded {discarded} dead letter(s)");
         }
-        DeadLettersCommand::Count { output, .. } => {
-            let counts = transport.count_dead_letters().await?;
+        DeadLettersCommand::Count { consumers, output, .. } => {
+            let counts = transport.count_dead_letters(&consumers).await?;
             if output.json {
                 println!("{}", serde_json::to_string_pretty(&counts)?);
                 return Ok(());

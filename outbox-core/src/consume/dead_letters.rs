@@ -313,14 +313,15 @@ pub trait DeadLetters: Send + Sync {
     }
 
     /// The number of dead letters per consumer (`outbox_dead_consumer`, `-` when missing), and sets the
-    /// [`CONSUMER_DEAD_LETTERS`](crate::metrics::CONSUMER_DEAD_LETTERS) gauge of each. Call it from a
-    /// sampler to alert on dead letters.
-    fn count_dead_letters(&self) -> impl Future<Output = Result<BTreeMap<String, u64>>> + Send {
+    /// [`CONSUMER_DEAD_LETTERS`](crate::metrics::CONSUMER_DEAD_LETTERS) gauge of each. The consumers in
+    /// `known` are counted even with no dead letter (0), so that their gauge falls back to 0 once their
+    /// letters were replayed or discarded. Call it from a sampler to alert on dead letters.
+    fn count_dead_letters(&self, known: &[String]) -> impl Future<Output = Result<BTreeMap<String, u64>>> + Send {
         async move {
             let letters = self.dead_letters(&DeadLetterFilter::default(), DeadLetterAction::List, usize::MAX).await?;
-            let mut counts = BTreeMap::new();
+            let mut counts: BTreeMap<String, u64> = known.iter().map(|consumer| (consumer.clone(), 0)).collect();
             for letter in letters.letters {
-                *counts.entry(letter.consumer.unwrap_or_else(|| "-".to_owned())).or_insert(0u64) += 1;
+                *counts.entry(letter.consumer.unwrap_or_else(|| "-".to_owned())).or_insert(0) += 1;
             }
             for (consumer, count) in &counts {
                 crate::metrics::consumer_dead_letters(consumer, *count);
