@@ -24,6 +24,7 @@
 //! | `outbox_consumer_duplicates_total` | counter | `consumer`, `event_type` | messages the inbox had seen already |
 //! | `outbox_consumer_retried_total` | counter | `consumer`, `event_type` | failed handler attempts retried in place |
 //! | `outbox_consumer_dead_lettered_total` | counter | `consumer` | messages confirmed in the dead-letter destination |
+//! | `outbox_consumer_dead_letters` | gauge | `consumer` | dead letters waiting in the dead-letter destination ([`DeadLetters::count_dead_letters`](crate::consume::DeadLetters::count_dead_letters), e.g. `outbox dead-letters count`) |
 //! | `outbox_consumer_skipped_total` | counter | `consumer` | messages of event types with no handler here, acked untouched |
 //! | `outbox_consumer_handler_duration_seconds` | histogram | `consumer`, `event_type` | one handler attempt (inbox check and effect) |
 //!
@@ -74,6 +75,10 @@ pub const CONSUMER_RETRIED: &str = "outbox_consumer_retried_total";
 pub const CONSUMER_DEAD_LETTERED: &str = "outbox_consumer_dead_lettered_total";
 /// Counter (`consumer`): messages of event types this consumer has no handler for, acked untouched.
 pub const CONSUMER_SKIPPED: &str = "outbox_consumer_skipped_total";
+/// Gauge (`consumer`): dead letters waiting in the dead-letter destination, per consumer that
+/// dead-lettered them, as counted by
+/// [`DeadLetters::count_dead_letters`](crate::consume::DeadLetters::count_dead_letters).
+pub const CONSUMER_DEAD_LETTERS: &str = "outbox_consumer_dead_letters";
 /// Histogram, seconds (`consumer`, `event_type`): one handler attempt, inbox check and effect included.
 pub const CONSUMER_HANDLER_DURATION: &str = "outbox_consumer_handler_duration_seconds";
 
@@ -101,6 +106,7 @@ pub const ALL: &[&str] = &[
     CONSUMER_DUPLICATES,
     CONSUMER_RETRIED,
     CONSUMER_DEAD_LETTERED,
+    CONSUMER_DEAD_LETTERS,
     CONSUMER_SKIPPED,
     CONSUMER_HANDLER_DURATION,
 ];
@@ -132,6 +138,7 @@ pub fn describe() {
         describe_counter!(CONSUMER_DUPLICATES, Unit::Count, "Messages the inbox had seen already");
         describe_counter!(CONSUMER_RETRIED, Unit::Count, "Failed handler attempts retried in place");
         describe_counter!(CONSUMER_DEAD_LETTERED, Unit::Count, "Messages confirmed in the dead-letter destination");
+        describe_gauge!(CONSUMER_DEAD_LETTERS, Unit::Count, "Dead letters waiting in the dead-letter destination");
         describe_counter!(CONSUMER_SKIPPED, Unit::Count, "Messages with no handler here, acked untouched");
         describe_histogram!(CONSUMER_HANDLER_DURATION, Unit::Seconds, "One handler attempt, inbox check included");
     }
@@ -234,6 +241,14 @@ pub(crate) fn consumer_dead_lettered_or_skipped(consumer: &str, dead_lettered: b
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (consumer, dead_lettered);
+}
+
+/// The dead letters of one consumer, as counted at the broker.
+pub(crate) fn consumer_dead_letters(consumer: &str, count: u64) {
+    #[cfg(feature = "metrics")]
+    ::metrics::gauge!(CONSUMER_DEAD_LETTERS, LABEL_CONSUMER => consumer.to_owned()).set(count as f64);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (consumer, count);
 }
 
 /// One handler attempt's duration.

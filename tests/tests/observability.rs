@@ -19,7 +19,9 @@ use opentelemetry::trace::{SpanId, TraceContextExt as _, TraceId, TracerProvider
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use outbox_integration_tests::contract::{self, Counted, Running, counting_consumer, eventually};
 use outbox_integration_tests::{Backend, TestDb, run_on};
-use outbox_seaorm::consume::{DeadLetter, Delivery};
+use outbox_seaorm::consume::{
+    DeadLetter, DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, Delivery,
+};
 use outbox_seaorm::{
     DomainEvent, InMemoryPublisher, OutboxEvent, OutboxService, PublishError, Publisher, Relay, SeaOrmStore,
     ServiceConfig, Transport, emit, metrics as names,
@@ -78,7 +80,11 @@ impl Figures {
     }
 
     fn gauge(&self, name: &str) -> f64 {
-        match self.find(MetricKind::Gauge, name, &[]) {
+        self.gauge_of(name, &[])
+    }
+
+    fn gauge_of(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        match self.find(MetricKind::Gauge, name, labels) {
             Some(DebugValue::Gauge(v)) => v.into_inner(),
             other => panic!("gauge {name}: {other:?}"),
         }
@@ -303,6 +309,64 @@ async fn consumer_counters_equal_the_inbox_rows_and_the_messages_settled() {
     assert_eq!(figures.histogram(names::CONSUMER_HANDLER_DURATION, &labels).len(), 24, "{t}: one per attempt");
     // The figures agree with the consumer's own counts.
     assert_eq!((stats.processed, stats.duplicates, stats.skipped, stats.dead_lettered), (12, 12, 1, 1), "{t}");
+}
+
+/// Dead letters in memory, as a dead-letter destination holds them.
+struct Letters(Mutex<Vec<DeadLetterEntry>>);
+
+impl DeadLetters for Letters {
+    fn dead_letter_broker(&self) -> &'static str {
+        "memory"
+    }
+
+    fn dead_letter_location(&self) -> String {
+        "memory".to_owned()
+    }
+
+    async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        action: DeadLetterAction,
+        max: usize,
+    ) -> outbox_seaorm::Result<DeadLetterOutcome> {
+        let now = chrono::Utc::now();
+        let mut outcome = DeadLetterOutcome::default();
+        self.0.lock().expect("letters").retain(|letter| {
+            if outcome.letters.len() >= max || !filter.matches(letter, now) {
+                return true;
+            }
+            outcome.letters.push(letter.clone());
+            matches!(action, DeadLetterAction::List | DeadLetterAction::Show)
+        });
+        Ok(outcome)
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_dead_letter_gauge_follows_the_count_per_consumer() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let letter = |id: &str, consumer: &str| {
+        let headers = BTreeMap::from([("outbox_dead_consumer".to_owned(), consumer.to_owned())]);
+        DeadLetterEntry::from_headers(id.to_owned(), &headers, b"{}", false)
+    };
+    let letters = Letters(Mutex::new(vec![letter("1", "billing"), letter("2", "billing"), letter("3", "shipping")]));
+    let counts = letters.count_dead_letters(&["audit".to_owned()]).await.expect("count");
+    assert_eq!(
+        counts,
+        BTreeMap::from([("audit".to_owned(), 0), ("billing".to_owned(), 2), ("shipping".to_owned(), 1)])
+    );
+    let figures = Figures::of(&snapshotter);
+    let gauge = |consumer| figures.gauge_of(names::CONSUMER_DEAD_LETTERS, &[(names::LABEL_CONSUMER, consumer)]);
+    assert_eq!((gauge("billing"), gauge("shipping"), gauge("audit")), (2.0, 1.0, 0.0));
+
+    assert!(letters.discard_dead_letters(&DeadLetterFilter::default()).await.is_err(), "everything needs all()");
+    let billing = DeadLetterFilter::default().consumer("billing");
+    assert_eq!(letters.discard_dead_letters(&billing).await.expect("discard"), 2);
+    letters.count_dead_letters(&["billing".to_owned()]).await.expect("count");
+    let figures = Figures::of(&snapshotter);
+    assert_eq!(figures.gauge_of(names::CONSUMER_DEAD_LETTERS, &[(names::LABEL_CONSUMER, "billing")]), 0.0);
 }
 
 /// A tracing subscriber exporting spans to memory through OpenTelemetry, for this thread.

@@ -3,13 +3,14 @@
 //! Run with: `DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run --bin outbox -- check`
 //!
 //! The operator's command for the transactional outbox of a SeaORM app: run the relay as a service
-//! (`relay`), apply the migrations (`migrate`), and inspect or repair the outbox (`stats`, `dead`,
-//! `cleanup`, `check`). Every flag can also be set from an `OUTBOX_*` environment variable (shown in
+//! (`relay`), apply the migrations (`migrate`), inspect or repair the outbox (`stats`, `dead`,
+//! `cleanup`, `check`), and the consumers' dead letters at the broker (`dead-letters`). Every flag can also be set from an `OUTBOX_*` environment variable (shown in
 //! `--help`); the database URL comes from `DATABASE_URL`. No message ever shows a password.
 //!
 //! Exit status: 0 on success, 1 when the command failed or a check did not pass, 2 for a usage error.
 
 mod broker;
+mod dead_letters;
 mod duration;
 mod http;
 mod relay;
@@ -88,9 +89,13 @@ enum Command {
     Migrate,
     /// Print the backlog: pending, dead, oldest pending age, per aggregate type and event type.
     Stats(StatsArgs),
-    /// List, show, replay or discard dead events.
+    /// List, show, replay or discard dead events: outbox rows the relay gave up on (in the database).
     #[command(subcommand)]
     Dead(DeadCommand),
+    /// List, show, replay, discard or count consumer dead letters: messages a consumer gave up on (at the
+    /// broker: NATS JetStream, Kafka, RabbitMQ, Redis Streams). Needs no database.
+    #[command(subcommand)]
+    DeadLetters(Box<dead_letters::DeadLettersCommand>),
     /// Delete published outbox rows (and, if asked, inbox rows) past their retention, in batches.
     Cleanup(CleanupArgs),
     /// Check the connection, the migrations, that the database is a writable primary, and clock skew.
@@ -420,6 +425,9 @@ fn secrets(cli: &Cli) -> Vec<String> {
     if let Command::Relay(args) = &cli.command {
         urls.push(Some(args.broker.broker.clone()));
     }
+    if let Command::DeadLetters(command) = &cli.command {
+        urls.push(Some(command.broker().to_owned()));
+    }
     urls.into_iter().flatten().filter_map(|url| password_of(&url)).collect()
 }
 
@@ -465,6 +473,14 @@ fn percent_decode(text: &str) -> String {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let command = match cli.command {
+        Command::DeadLetters(command) => {
+            dead_letters::run(*command).await?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        command => command,
+    };
+    let cli = Cli { command, ..cli };
     let pool_size = match &cli.command {
         Command::Relay(args) => args.relays + 4 + u32::from(args.listen),
         _ => 4,
@@ -495,6 +511,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
         }
         Command::Dead(command) => dead(&db, command).await?,
+        Command::DeadLetters(command) => dead_letters::run(*command).await?,
         Command::Cleanup(args) => cleanup(&db, args).await?,
         Command::Notify(command) => notify(&db, command).await?,
         Command::Check(args) => {

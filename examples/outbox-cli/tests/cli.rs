@@ -99,7 +99,7 @@ fn an_empty_or_odd_schema_is_a_usage_error_that_says_what_to_do() {
 fn help_lists_every_subcommand() {
     let output = outbox().arg("--help").output().expect("run outbox");
     let help = String::from_utf8_lossy(&output.stdout);
-    for command in ["relay", "migrate", "stats", "dead", "cleanup", "check"] {
+    for command in ["relay", "migrate", "stats", "dead", "dead-letters", "cleanup", "check"] {
         assert!(help.contains(command), "--help lacks {command}: {help}");
     }
 }

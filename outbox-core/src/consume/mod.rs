@@ -22,6 +22,7 @@
 //! retry or not started are released to the broker (in order, after the message ahead of them settled),
 //! then [`run`](Consumer::run) returns.
 
+mod dead_letters;
 mod driver;
 #[cfg(any(feature = "nats", feature = "redis"))]
 pub(crate) mod held;
@@ -33,6 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub use dead_letters::{DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters};
 pub use route::{EventHandler, Handled, Received};
 pub use transport::{
     DeadLetter, Delivery, MAX_DEAD_REASON_LEN, ReplayDeadLetters, Replayable, Transport, dead_header, replayable,

@@ -152,9 +152,19 @@ pub trait Transport: Send + Sync {
 }
 
 /// Moving dead letters back to where they were first published, so a fixed consumer applies them (its
-/// inbox absorbs any it had applied). Every broker transport implements it.
+/// inbox absorbs any it had applied). Every [`DeadLetters`](super::DeadLetters) implementation (every broker
+/// transport) has it: it is [`DeadLetterAction::Replay`](super::DeadLetterAction::Replay) of
+/// [`DeadLetterFilter::all`](super::DeadLetterFilter::all).
 pub trait ReplayDeadLetters: Send + Sync {
     /// Moves up to `max` dead letters back to their origin with their original headers, removing each
     /// from the dead-letter destination only after the broker confirmed the republish; how many moved.
     fn replay_dead_letters(&self, max: usize) -> impl Future<Output = Result<u64>> + Send;
+}
+
+impl<T: super::DeadLetters> ReplayDeadLetters for T {
+    async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
+        let all = super::DeadLetterFilter::all();
+        let outcome = self.dead_letters(&all, super::DeadLetterAction::Replay, max).await?;
+        Ok(outcome.letters.len() as u64)
+    }
 }

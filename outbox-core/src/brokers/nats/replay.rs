@@ -1,9 +1,13 @@
-//! Moving dead letters back to the subject they were first published to.
+//! The dead letters of a durable: list, show, replay (back to the subject each was first published to)
+//! and discard them ([`DeadLetters`]).
 
 use async_nats::jetstream::message::PublishMessage;
+use std::collections::BTreeMap;
+
+use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
 
-use crate::consume::replayable;
+use crate::consume::{DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, replayable};
 use crate::error::{Error, Result};
 use crate::text::one_line;
 
@@ -30,55 +34,92 @@ impl NatsTransport {
     /// [`Error::Broker`]; what moved before it stays moved, and a dead letter is never deleted unless its
     /// republish was acknowledged.
     pub async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
-        let dead = self
-            .jetstream
-            .get_stream_no_info(&self.dead_stream)
-            .await
-            .map_err(|e| Error::broker(BROKER, format!("find dead-letter stream {:?}", self.dead_stream), e))?;
-        let mut moved = 0u64;
-        let mut next = 1u64;
-        while usize::try_from(moved).unwrap_or(usize::MAX) < max {
-            let Some((sequence, published)) = self.replay_next(&dead, next, moved).await? else { break };
-            next = sequence + 1;
-            if published {
-                self.delete_dead(&dead, sequence, moved).await?;
-                moved += 1;
-            }
-        }
-        if moved > 0 {
-            tracing::info!(messaging.system = "nats", stream = %self.stream, dead_letter_stream = %self.dead_stream, moved, "dead letters replayed");
-        }
-        Ok(moved)
+        let outcome = self.dead_letters(&DeadLetterFilter::all(), DeadLetterAction::Replay, max).await?;
+        Ok(outcome.letters.len() as u64)
     }
 
-    /// Republishes the first dead letter at or after `from`: its sequence and whether it was moved
-    /// (`false` when it is left in place), or `None` when there is none.
-    async fn replay_next(&self, dead: &Stream<()>, from: u64, moved: u64) -> Result<Option<(u64, bool)>> {
-        let timeout = self.options.request_timeout;
-        let context = |what: &str| format!("{what} (after replaying {moved})");
-        let read = tokio::time::timeout(timeout, dead.get_first_raw_message_by_subject(&self.dead_subject, from))
-            .await
-            .map_err(|_| Error::broker(BROKER, context("read a dead letter"), "timed out"))?;
-        let letter = match read {
-            Ok(letter) => letter,
-            Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => return Ok(None),
+    /// The [`DeadLetters`] walk: every message on the dead-letter subject, by sequence.
+    async fn walk_dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        action: DeadLetterAction,
+        max: usize,
+    ) -> Result<DeadLetterOutcome> {
+        let dead = match self.jetstream.get_stream_no_info(&self.dead_stream).await {
+            Ok(dead) => dead,
+            Err(error) if matches!(action, DeadLetterAction::List | DeadLetterAction::Show) => {
+                tracing::debug!(dead_letter_stream = %self.dead_stream, %error, "no dead-letter stream to read");
+                return Ok(DeadLetterOutcome::default());
+            }
             Err(error) => {
-                return Err(Error::broker(
-                    BROKER,
-                    context(&format!("read dead letters of {:?} from {:?}", self.dead_subject, self.dead_stream)),
-                    error,
-                ));
+                return Err(Error::broker(BROKER, format!("find dead-letter stream {:?}", self.dead_stream), error));
             }
         };
+        let now = chrono::Utc::now();
+        let content = action == DeadLetterAction::Show;
+        let mut outcome = DeadLetterOutcome::default();
+        let mut selected = 0usize;
+        let mut next = 1u64;
+        while selected < max {
+            let done = outcome.letters.len();
+            let Some(letter) = self.read_dead(&dead, next, done).await? else { break };
+            next = letter.sequence + 1;
+            let headers = headers_of(Some(&letter.headers));
+            let entry = DeadLetterEntry::from_headers(letter.sequence.to_string(), &headers, &letter.payload, content);
+            if !filter.matches(&entry, now) {
+                continue;
+            }
+            selected += 1;
+            match action {
+                DeadLetterAction::List | DeadLetterAction::Show => {}
+                DeadLetterAction::Replay => {
+                    if !self.republish(&letter, &headers, done).await? {
+                        outcome.kept += 1;
+                        continue;
+                    }
+                    self.delete_dead(&dead, letter.sequence, done, "replayed").await?;
+                }
+                DeadLetterAction::Discard => self.delete_dead(&dead, letter.sequence, done, "discarded").await?,
+            }
+            outcome.letters.push(entry);
+        }
+        if matches!(action, DeadLetterAction::Replay | DeadLetterAction::Discard) && !outcome.letters.is_empty() {
+            tracing::info!(messaging.system = "nats", stream = %self.stream, dead_letter_stream = %self.dead_stream, done = outcome.letters.len(), kept = outcome.kept, ?action, "dead letters handled");
+        }
+        Ok(outcome)
+    }
+
+    /// The first message on the dead-letter subject at or after sequence `from`, or `None`.
+    async fn read_dead(&self, dead: &Stream<()>, from: u64, done: usize) -> Result<Option<StreamMessage>> {
+        let context = |what: &str| format!("{what} (after handling {done})");
+        let read = tokio::time::timeout(
+            self.options.request_timeout,
+            dead.get_first_raw_message_by_subject(&self.dead_subject, from),
+        )
+        .await
+        .map_err(|_| Error::broker(BROKER, context("read a dead letter"), "timed out"))?;
+        match read {
+            Ok(letter) => Ok(Some(letter)),
+            Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(error) => Err(Error::broker(
+                BROKER,
+                context(&format!("read dead letters of {:?} from {:?}", self.dead_subject, self.dead_stream)),
+                error,
+            )),
+        }
+    }
+
+    /// Republishes `letter` to its origin: `true` once the consumed stream acknowledged it, `false` when it
+    /// cannot be replayed (no origin, or not a valid subject) and stays in place.
+    async fn republish(&self, letter: &StreamMessage, headers: &BTreeMap<String, String>, done: usize) -> Result<bool> {
         let sequence = letter.sequence;
-        let headers = headers_of(Some(&letter.headers));
-        let Some(replay) = replayable(&headers) else {
+        let Some(replay) = replayable(headers) else {
             tracing::warn!(dead_letter_stream = %self.dead_stream, sequence, "a message on the dead-letter subject has no origin header; left in place");
-            return Ok(Some((sequence, false)));
+            return Ok(false);
         };
         if let Some(problem) = subject_problem(&replay.origin) {
             tracing::warn!(dead_letter_stream = %self.dead_stream, sequence, origin = %one_line(&replay.origin), problem, "a dead letter's origin is not a valid subject; left in place");
-            return Ok(Some((sequence, false)));
+            return Ok(false);
         }
         let mut headers: Vec<(String, String)> =
             replay.headers.into_iter().filter(|(k, _)| !k.starts_with(CONTROL_HEADER_PREFIX)).collect();
@@ -87,10 +128,10 @@ impl NatsTransport {
             .payload(letter.payload.clone())
             .headers(header_map(&headers)?)
             .expected_stream(&self.stream);
-        let what = context(&format!(
-            "republish dead letter {sequence} of {:?} to {:?} in stream {:?}",
+        let what = format!(
+            "republish dead letter {sequence} of {:?} to {:?} in stream {:?} (after handling {done})",
             self.dead_stream, replay.origin, self.stream
-        ));
+        );
         let publish = async {
             let ack = self
                 .jetstream
@@ -99,17 +140,21 @@ impl NatsTransport {
                 .map_err(|e| Error::broker(BROKER, what.clone(), e))?;
             ack.await.map_err(|e| Error::broker(BROKER, what.clone(), e))
         };
-        tokio::time::timeout(timeout, publish)
+        tokio::time::timeout(self.options.request_timeout, publish)
             .await
             .map_err(|_| Error::broker(BROKER, what.clone(), "no PubAck in time"))??;
-        Ok(Some((sequence, true)))
+        Ok(true)
     }
 
-    async fn delete_dead(&self, dead: &Stream<()>, sequence: u64, moved: u64) -> Result<()> {
-        let what = format!(
-            "delete replayed dead letter {sequence} from {:?} (after replaying {moved}; it is republished already, a second replay would send it again)",
-            self.dead_stream
-        );
+    async fn delete_dead(&self, dead: &Stream<()>, sequence: u64, done: usize, why: &str) -> Result<()> {
+        let what = if why == "replayed" {
+            format!(
+                "delete replayed dead letter {sequence} from {:?} (after handling {done}; it is republished already, a second replay would send it again)",
+                self.dead_stream
+            )
+        } else {
+            format!("delete {why} dead letter {sequence} from {:?} (after handling {done})", self.dead_stream)
+        };
         match tokio::time::timeout(self.options.request_timeout, dead.delete_message(sequence)).await {
             Ok(Ok(true)) => Ok(()),
             Ok(Ok(false)) => Err(Error::broker(BROKER, what, "the server did not delete it")),
@@ -119,8 +164,21 @@ impl NatsTransport {
     }
 }
 
-impl crate::consume::ReplayDeadLetters for NatsTransport {
-    async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
-        NatsTransport::replay_dead_letters(self, max).await
+impl DeadLetters for NatsTransport {
+    fn dead_letter_broker(&self) -> &'static str {
+        BROKER
+    }
+
+    fn dead_letter_location(&self) -> String {
+        format!("subject {:?} of stream {:?}", self.dead_subject, self.dead_stream)
+    }
+
+    async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        action: DeadLetterAction,
+        max: usize,
+    ) -> Result<DeadLetterOutcome> {
+        self.walk_dead_letters(filter, action, max).await
     }
 }

@@ -1,11 +1,16 @@
-//! [`RabbitTransport::replay_dead_letters`]: dead letters back to where they were published.
+//! The dead letters of a queue: list, show, replay (back to where each was published) and discard them
+//! ([`DeadLetters`]).
+
+use std::collections::BTreeMap;
 
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 
 use super::RabbitTransport;
-use super::config::{BROKER, close_quietly, exchange_label, headers_of, parse_origin, short};
+use super::config::{BROKER, close_quietly, headers_of, parse_origin, short};
 use super::transport::{carried_properties, rebuild_headers};
-use crate::consume::{dead_header, replayable};
+use crate::consume::{
+    DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, dead_header, replayable,
+};
 use crate::error::{Error, Result};
 use crate::text::one_line;
 
@@ -20,18 +25,39 @@ impl RabbitTransport {
     /// returns it), stays in the dead-letter queue (logged). A broker failure is an `Err`; the letters
     /// moved before it stay moved, the one in hand stays in the dead-letter queue.
     pub async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
+        let outcome = self.dead_letters(&DeadLetterFilter::all(), DeadLetterAction::Replay, max).await?;
+        Ok(outcome.letters.len() as u64)
+    }
+
+    /// The [`DeadLetters`] walk on a channel of its own: every letter is taken with `basic.get`; a replayed
+    /// or discarded one is acked (a replayed one after its republish was confirmed), and closing the
+    /// channel hands every other one back to the dead-letter queue, in its place.
+    async fn walk_dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        action: DeadLetterAction,
+        max: usize,
+    ) -> Result<DeadLetterOutcome> {
         let channel = self.channel().await?;
-        let result = self.replay_on(&channel, max).await;
-        // Letters left unacked on this channel (kept ones) go back to the dead-letter queue.
+        let result = self.walk_on(&channel, filter, action, max).await;
+        // Letters left unacked on this channel (listed or kept ones) go back to the dead-letter queue.
         close_quietly(&channel).await;
         result
     }
 
-    async fn replay_on(&self, channel: &lapin::Channel, max: usize) -> Result<u64> {
+    async fn walk_on(
+        &self,
+        channel: &lapin::Channel,
+        filter: &DeadLetterFilter,
+        action: DeadLetterAction,
+        max: usize,
+    ) -> Result<DeadLetterOutcome> {
         let queue = &self.dead_letter_queue;
-        let mut moved = 0u64;
-        let mut kept = 0u64;
-        while usize::try_from(moved).unwrap_or(usize::MAX) < max {
+        let now = chrono::Utc::now();
+        let content = action == DeadLetterAction::Show;
+        let mut outcome = DeadLetterOutcome::default();
+        let mut selected = 0usize;
+        while selected < max {
             let got = channel
                 .basic_get(short(queue), BasicGetOptions { no_ack: false })
                 .await
@@ -39,55 +65,112 @@ impl RabbitTransport {
             let Some(got) = got else { break };
             let letter = got.delivery;
             let headers = headers_of(&letter.properties);
-            let target = replayable(&headers).and_then(|r| parse_origin(&r.origin).map(|o| (r.origin, o)));
-            let Some((origin, (exchange, routing_key))) = target else {
-                kept += 1;
+            let id = letter_id(&headers, &letter.data);
+            let entry = DeadLetterEntry::from_headers(id, &headers, &letter.data, content);
+            if !filter.matches(&entry, now) {
+                continue;
+            }
+            selected += 1;
+            match action {
+                DeadLetterAction::List | DeadLetterAction::Show => {}
+                DeadLetterAction::Replay => {
+                    if !self.republish(&letter, &headers).await? {
+                        outcome.kept += 1;
+                        continue;
+                    }
+                    self.remove(&letter, "replayed").await?;
+                }
+                DeadLetterAction::Discard => self.remove(&letter, "discarded").await?,
+            }
+            outcome.letters.push(entry);
+        }
+        if matches!(action, DeadLetterAction::Replay | DeadLetterAction::Discard) {
+            tracing::info!(messaging.system = "rabbitmq", dead_letter_queue = %queue, done = outcome.letters.len(), kept = outcome.kept, ?action, "dead letters handled");
+        }
+        Ok(outcome)
+    }
+
+    /// Republishes `letter` to its origin with a confirm: `true` once confirmed, `false` when it has no
+    /// readable origin or its origin routes nowhere now (it stays in the dead-letter queue).
+    async fn republish(&self, letter: &lapin::message::Delivery, headers: &BTreeMap<String, String>) -> Result<bool> {
+        let target = replayable(headers).and_then(|r| parse_origin(&r.origin).map(|o| (r.origin, o)));
+        let Some((origin, (exchange, routing_key))) = target else {
+            tracing::warn!(
+                messaging.system = "rabbitmq",
+                dead_letter_queue = %self.dead_letter_queue,
+                origin = ?headers.get(dead_header::ORIGIN).map(|o| one_line(o)),
+                "dead letter has no readable origin; it stays in the dead-letter queue"
+            );
+            return Ok(false);
+        };
+        let stripped = rebuild_headers(&letter.properties, |n| n.starts_with(dead_header::PREFIX), Vec::new());
+        let properties = carried_properties(&letter.properties, stripped);
+        match self.publish_confirmed(&exchange, &routing_key, &letter.data, properties).await {
+            Ok(()) => Ok(true),
+            Err(Error::Broker { source, .. }) if source.to_string().starts_with("unroutable") => {
                 tracing::warn!(
                     messaging.system = "rabbitmq",
-                    dead_letter_queue = %queue,
-                    origin = ?headers.get(dead_header::ORIGIN).map(|o| one_line(o)),
-                    "dead letter has no readable origin; it stays in the dead-letter queue"
+                    origin = %one_line(&origin),
+                    error = %source,
+                    "dead letter not replayed: its origin routes to no queue now; it stays in the dead-letter queue"
                 );
-                continue;
-            };
-            let stripped = rebuild_headers(&letter.properties, |n| n.starts_with(dead_header::PREFIX), Vec::new());
-            let properties = carried_properties(&letter.properties, stripped);
-            match self.publish_confirmed(&exchange, &routing_key, &letter.data, properties).await {
-                Ok(()) => {}
-                Err(Error::Broker { source, .. }) if source.to_string().starts_with("unroutable") => {
-                    kept += 1;
-                    tracing::warn!(
-                        messaging.system = "rabbitmq",
-                        origin = %one_line(&origin),
-                        error = %source,
-                        "dead letter not replayed: its origin routes to no queue now; it stays in the dead-letter queue"
-                    );
-                    continue;
-                }
-                Err(error) => return Err(error),
+                Ok(false)
             }
-            let acked = letter.acker.ack(BasicAckOptions { multiple: false }).await;
-            if !matches!(acked, Ok(true)) {
-                // Republished but still in the dead-letter queue: a later replay sends it again, and the
-                // consumer's inbox absorbs the copy.
-                return Err(Error::broker(
-                    BROKER,
-                    format!("remove a replayed dead letter from {queue:?}"),
-                    format!(
-                        "{acked:?}; it was republished to {} and stays in the dead-letter queue too",
-                        exchange_label(&exchange)
-                    ),
-                ));
-            }
-            moved += 1;
+            Err(error) => Err(error),
         }
-        tracing::info!(messaging.system = "rabbitmq", dead_letter_queue = %queue, moved, kept, "dead letters replayed");
-        Ok(moved)
+    }
+
+    /// Acks `letter` in the dead-letter queue: it is gone.
+    async fn remove(&self, letter: &lapin::message::Delivery, why: &str) -> Result<()> {
+        let acked = letter.acker.ack(BasicAckOptions { multiple: false }).await;
+        if matches!(acked, Ok(true)) {
+            return Ok(());
+        }
+        let queue = &self.dead_letter_queue;
+        let detail = if why == "replayed" {
+            // Republished but still in the dead-letter queue: a later replay sends it again, and the
+            // consumer's inbox absorbs the copy.
+            format!("{acked:?}; it was republished and stays in the dead-letter queue too")
+        } else {
+            format!("{acked:?}; it stays in the dead-letter queue")
+        };
+        Err(Error::broker(BROKER, format!("remove a {why} dead letter from {queue:?}"), detail))
     }
 }
 
-impl crate::consume::ReplayDeadLetters for RabbitTransport {
-    async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
-        RabbitTransport::replay_dead_letters(self, max).await
+/// A RabbitMQ dead letter's id: its queue has no message ids, so a hash (64-bit FNV-1a) of its headers
+/// and payload, stable while it waits (`r` and 16 hex digits).
+fn letter_id(headers: &BTreeMap<String, String>, payload: &[u8]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for byte in bytes.iter().copied().chain([0xff]) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for (name, value) in headers {
+        feed(name.as_bytes());
+        feed(value.as_bytes());
+    }
+    feed(payload);
+    format!("r{hash:016x}")
+}
+
+impl DeadLetters for RabbitTransport {
+    fn dead_letter_broker(&self) -> &'static str {
+        BROKER
+    }
+
+    fn dead_letter_location(&self) -> String {
+        format!("queue {:?}", self.dead_letter_queue)
+    }
+
+    async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        action: DeadLetterAction,
+        max: usize,
+    ) -> Result<DeadLetterOutcome> {
+        self.walk_dead_letters(filter, action, max).await
     }
 }

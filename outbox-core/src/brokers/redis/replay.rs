@@ -1,13 +1,18 @@
-//! Moving dead letters back to the stream they were first appended to.
+//! The dead letters of a stream: list, show, replay (back to the stream each was first appended to) and
+//! discard them ([`DeadLetters`]).
+
+use std::collections::BTreeMap;
 
 use ::redis::Value;
 
-use crate::consume::dead_header;
+use crate::consume::{
+    DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, dead_header,
+};
 use crate::error::{Error, Result};
 use crate::text::one_line;
 
 use super::BROKER;
-use super::config::check_stream_key;
+use super::config::{PAYLOAD_FIELD, check_stream_key};
 use super::entry::{Fields, parse_entries};
 use super::transport::RedisTransport;
 
@@ -31,80 +36,155 @@ impl RedisTransport {
     /// warning. A failure stops the replay with an [`Error::Broker`]; what moved before it stays moved,
     /// and a dead letter is never deleted unless its copy was appended.
     pub async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
-        let mut moved = 0u64;
+        let outcome = self.dead_letters(&DeadLetterFilter::all(), DeadLetterAction::Replay, max).await?;
+        Ok(outcome.letters.len() as u64)
+    }
+
+    /// The [`DeadLetters`] walk: the dead-letter stream by `XRANGE`, oldest first.
+    async fn walk_dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        action: DeadLetterAction,
+        max: usize,
+    ) -> Result<DeadLetterOutcome> {
+        let now = chrono::Utc::now();
+        let content = action == DeadLetterAction::Show;
+        let dead = &self.dead_stream;
+        let context = |what: &str, done: usize| format!("{what} {dead:?} (after handling {done})");
+        let mut outcome = DeadLetterOutcome::default();
+        let mut selected = 0usize;
         let mut start = "-".to_owned();
-        while usize::try_from(moved).unwrap_or(usize::MAX) < max {
+        // One id selected: read just that entry.
+        let single = match filter.selected_ids() {
+            [id] => Some(id.clone()),
+            _ => None,
+        };
+        if let Some(id) = &single {
+            if !valid_entry_id(id) {
+                return Ok(outcome);
+            }
+            start.clone_from(id);
+        }
+        'pages: while selected < max {
+            let done = outcome.letters.len();
             let mut range = ::redis::cmd("XRANGE");
-            range.arg(&self.dead_stream).arg(&start).arg("+").arg("COUNT").arg(PAGE);
-            let dead = &self.dead_stream;
-            let context = |what: &str, moved: u64| format!("{what} {dead:?} (after replaying {moved})");
+            let end = single.as_deref().unwrap_or("+");
+            range.arg(dead).arg(&start).arg(end).arg("COUNT").arg(PAGE);
             let reply = self
                 .commands()
                 .query(&range)
                 .await
-                .map_err(|e| Error::broker(BROKER, context("read dead letters of", moved), e))?;
+                .map_err(|e| Error::broker(BROKER, context("read dead letters of", done), e))?;
             let entries =
-                parse_entries(&reply).map_err(|e| Error::broker(BROKER, context("read dead letters of", moved), e))?;
+                parse_entries(&reply).map_err(|e| Error::broker(BROKER, context("read dead letters of", done), e))?;
             let Some(last) = entries.last() else { break };
             start = format!("({}", last.id);
             for entry in entries {
-                if usize::try_from(moved).unwrap_or(usize::MAX) >= max {
-                    break;
+                if selected >= max {
+                    break 'pages;
                 }
                 let Fields::Present(fields) = entry.fields else { continue };
-                let origin = fields
-                    .iter()
-                    .rev()
-                    .find(|(name, _)| name.as_slice() == dead_header::ORIGIN.as_bytes())
-                    .and_then(|(_, value)| String::from_utf8(value.clone()).ok());
-                let Some(origin) = origin.filter(|origin| check_stream_key("origin", origin).is_ok()) else {
-                    tracing::warn!(dead_letter_stream = %self.dead_stream, entry = %entry.id, "a dead letter without a valid origin; left in place");
+                let (headers, payload) = lossy_split(&fields);
+                let letter = DeadLetterEntry::from_headers(entry.id.clone(), &headers, &payload, content);
+                if !filter.matches(&letter, now) {
                     continue;
-                };
-                let mut add = ::redis::cmd("XADD");
-                add.arg(&origin).arg("*");
-                for (name, value) in &fields {
-                    if !name.starts_with(dead_header::PREFIX.as_bytes()) {
-                        add.arg(name.as_slice()).arg(value.as_slice());
-                    }
                 }
-                let what = format!("replay dead letter {} to {:?} from", entry.id, one_line(&origin));
-                match self.commands().query(&add).await {
-                    Ok(Value::BulkString(_) | Value::SimpleString(_)) => {}
-                    Ok(other) => {
-                        return Err(Error::broker(
-                            BROKER,
-                            context(&what, moved),
-                            format!("XADD was answered {other:?}"),
-                        ));
-                    }
-                    Err(error) => return Err(Error::broker(BROKER, context(&what, moved), error)),
-                }
-                let mut del = ::redis::cmd("XDEL");
-                del.arg(&self.dead_stream).arg(&entry.id);
-                self.commands().query(&del).await.map_err(|e| {
-                    Error::broker(
-                        BROKER,
-                        context(&format!(
+                selected += 1;
+                let done = outcome.letters.len();
+                match action {
+                    DeadLetterAction::List | DeadLetterAction::Show => {}
+                    DeadLetterAction::Replay => {
+                        let Some(origin) = letter.origin.clone().filter(|o| check_stream_key("origin", o).is_ok())
+                        else {
+                            tracing::warn!(dead_letter_stream = %dead, entry = %entry.id, "a dead letter without a valid origin; left in place");
+                            outcome.kept += 1;
+                            continue;
+                        };
+                        let mut add = ::redis::cmd("XADD");
+                        add.arg(&origin).arg("*");
+                        for (name, value) in &fields {
+                            if !name.starts_with(dead_header::PREFIX.as_bytes()) {
+                                add.arg(name.as_slice()).arg(value.as_slice());
+                            }
+                        }
+                        let what = format!("replay dead letter {} to {:?} from", entry.id, one_line(&origin));
+                        match self.commands().query(&add).await {
+                            Ok(Value::BulkString(_) | Value::SimpleString(_)) => {}
+                            Ok(other) => {
+                                return Err(Error::broker(
+                                    BROKER,
+                                    context(&what, done),
+                                    format!("XADD was answered {other:?}"),
+                                ));
+                            }
+                            Err(error) => return Err(Error::broker(BROKER, context(&what, done), error)),
+                        }
+                        let why = format!(
                             "delete replayed dead letter {} (it is appended to {:?} already; a second replay would append it again) from",
                             entry.id,
                             one_line(&origin)
-                        ), moved),
-                        e,
-                    )
-                })?;
-                moved += 1;
+                        );
+                        self.delete_dead(&entry.id, &context(&why, done)).await?;
+                    }
+                    DeadLetterAction::Discard => {
+                        let why = format!("discard dead letter {} from", entry.id);
+                        self.delete_dead(&entry.id, &context(&why, done)).await?;
+                    }
+                }
+                outcome.letters.push(letter);
+            }
+            if single.is_some() {
+                break;
             }
         }
-        if moved > 0 {
-            tracing::info!(messaging.system = "redis", dead_letter_stream = %self.dead_stream, moved, "dead letters replayed");
+        if matches!(action, DeadLetterAction::Replay | DeadLetterAction::Discard) && !outcome.letters.is_empty() {
+            tracing::info!(messaging.system = "redis", dead_letter_stream = %dead, done = outcome.letters.len(), kept = outcome.kept, ?action, "dead letters handled");
         }
-        Ok(moved)
+        Ok(outcome)
+    }
+
+    async fn delete_dead(&self, id: &str, what: &str) -> Result<()> {
+        let mut del = ::redis::cmd("XDEL");
+        del.arg(&self.dead_stream).arg(id);
+        self.commands().query(&del).await.map_err(|e| Error::broker(BROKER, what.to_owned(), e))?;
+        Ok(())
     }
 }
 
-impl crate::consume::ReplayDeadLetters for RedisTransport {
-    async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
-        RedisTransport::replay_dead_letters(self, max).await
+/// Whether `id` reads as a stream entry id, `<ms>-<seq>` (anything else matches no entry).
+fn valid_entry_id(id: &str) -> bool {
+    id.split_once('-').is_some_and(|(ms, seq)| ms.parse::<u64>().is_ok() && seq.parse::<u64>().is_ok())
+}
+
+/// An entry's fields as headers (lossy UTF-8: a letter is shown whatever its bytes) and its payload.
+fn lossy_split(fields: &[(Vec<u8>, Vec<u8>)]) -> (BTreeMap<String, String>, Vec<u8>) {
+    let mut headers = BTreeMap::new();
+    let mut payload = Vec::new();
+    for (name, value) in fields {
+        if name.as_slice() == PAYLOAD_FIELD.as_bytes() {
+            payload.clone_from(value);
+        } else {
+            headers.insert(String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned());
+        }
+    }
+    (headers, payload)
+}
+
+impl DeadLetters for RedisTransport {
+    fn dead_letter_broker(&self) -> &'static str {
+        BROKER
+    }
+
+    fn dead_letter_location(&self) -> String {
+        format!("stream {:?}", self.dead_stream)
+    }
+
+    async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        action: DeadLetterAction,
+        max: usize,
+    ) -> Result<DeadLetterOutcome> {
+        self.walk_dead_letters(filter, action, max).await
     }
 }
