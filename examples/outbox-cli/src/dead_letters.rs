@@ -33,7 +33,8 @@ pub enum DeadLettersCommand {
     Show {
         #[command(flatten)]
         source: SourceArgs,
-        /// The dead letter's id, as listed.
+        /// The dead letter's id, as `dead-letters list` shows it.
+        #[arg(long = "id", env = "OUTBOX_ID")]
         id: String,
     },
     /// Republish dead letters to where they were first published (each removed from the dead-letter

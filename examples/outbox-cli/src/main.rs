@@ -266,7 +266,8 @@ enum DeadCommand {
     },
     /// Show one dead event with its payload and headers, as JSON.
     Show {
-        /// The event id.
+        /// The event id, as `dead list` shows it.
+        #[arg(long = "id", env = "OUTBOX_ID")]
         id: String,
     },
     /// Make dead events due again, with attempts and backoff reset; prints how many.
@@ -610,9 +611,10 @@ async fn dead(db: &DatabaseConnection, command: DeadCommand) -> Result<(), CliEr
             }
             for event in &events {
                 println!(
-                    "{}  {}  {}/{} v{}  {}  attempts {}  died {}  {}",
+                    "{}  {} (schema v{})  {}/{} event #{} of the aggregate  seq {}  attempts {}  died {}  {}",
                     event.id,
                     event.event_type,
+                    event.schema_version,
                     event.aggregate_type,
                     event.aggregate_id,
                     event.aggregate_version,

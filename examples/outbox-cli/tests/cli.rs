@@ -143,6 +143,30 @@ async fn stats_json_parses_and_counts_the_backlog(t: TestDb) {
 }
 per_backend!(stats_json_parses_and_counts_the_backlog, "cli_stats_json");
 
+async fn dead_list_labels_its_numbers_and_show_takes_the_id_like_the_others(t: TestDb) {
+    let event = order("o1", "order.placed");
+    enqueue(&t, std::slice::from_ref(&event)).await;
+    let sql = format!(
+        "UPDATE outbox_events SET dead_at_ms = 1, attempts = 3, last_error = 'broker said no' WHERE event_id = '{}'",
+        event.id()
+    );
+    t.db.execute_unprepared(&sql).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+
+    let list = text(&run(&t, &["dead", "list"]));
+    for label in
+        ["order.placed (schema v1)", "order/o1 event #1 of the aggregate", "seq 1", "attempts 3", "broker said no"]
+    {
+        assert!(list.contains(label), "{t}: {label:?} in {list}");
+    }
+    let shown = run(&t, &["dead", "show", "--id", &event.id().to_string()]);
+    let json: serde_json::Value =
+        serde_json::from_slice(&shown.stdout).unwrap_or_else(|e| panic!("{t}: {e}: {}", text(&shown)));
+    assert_eq!(json["payload"]["id"], "o1", "{t}: {json}");
+    let positional = run(&t, &["dead", "show", &event.id().to_string()]);
+    assert_eq!(positional.status.code(), Some(2), "{t}: {}", text(&positional));
+}
+per_backend!(dead_list_labels_its_numbers_and_show_takes_the_id_like_the_others, "cli_dead_labels");
+
 /// A PostgreSQL database of its own whose sessions default to read-only, migrated before that was set;
 /// dropped by [`drop_database`].
 async fn read_only_database(name: &str) -> Option<(sea_orm::DatabaseConnection, String)> {

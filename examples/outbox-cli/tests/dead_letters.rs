@@ -349,15 +349,15 @@ async fn dead_letters_are_listed_shown_replayed_and_discarded<B: Broker>() {
 
     // Show one; bad and unknown ids.
     let it2 = id_of(&broker, "it2");
-    let shown = cli(&broker, &["show", &it2]);
+    let shown = cli(&broker, &["show", "--id", &it2]);
     assert!(shown.status.success(), "{}: {}", B::NAME, text(&shown));
     let shown: Value = serde_json::from_slice(&shown.stdout).expect("show prints JSON");
     assert_eq!(shown["payload"]["item"], "it2", "{}: {shown}", B::NAME);
     assert_eq!(shown["payload"]["n"], 0, "{}: {shown}", B::NAME);
     assert!(shown["headers"]["outbox_dead_origin"].is_string(), "{}: {shown}", B::NAME);
-    let bad = cli(&broker, &["show", "not an id"]);
+    let bad = cli(&broker, &["show", "--id", "not an id"]);
     assert!(!bad.status.success() && text(&bad).contains("is not a"), "{}: {}", B::NAME, text(&bad));
-    let missing = cli(&broker, &["show", &broker.missing_id()]);
+    let missing = cli(&broker, &["show", "--id", &broker.missing_id()]);
     assert!(
         !missing.status.success() && text(&missing).contains("no dead letter has id"),
         "{}: {}",
@@ -410,7 +410,7 @@ async fn dead_letters_are_listed_shown_replayed_and_discarded<B: Broker>() {
     let left = list(&broker, &[]);
     assert_eq!(left.len(), 1, "{}: {left:?}", B::NAME);
     assert_eq!(left[0]["aggregate_id"], before[0]["aggregate_id"], "{}: {left:?}", B::NAME);
-    let shown = cli(&broker, &["show", left[0]["id"].as_str().expect("id")]);
+    let shown = cli(&broker, &["show", "--id", left[0]["id"].as_str().expect("id")]);
     let shown: Value = serde_json::from_slice(&shown.stdout).expect("show prints JSON");
     assert_eq!(shown["payload"]["item"], before[0]["aggregate_id"], "{}: the kept letter is intact", B::NAME);
     assert_eq!(shown["headers"]["outbox_dead_reason"], before[0]["reason"], "{}", B::NAME);
@@ -447,7 +447,7 @@ fn bad_input_is_refused_before_connecting() {
     assert!(!text(&unknown).contains("pw-secret"), "the password was printed: {}", text(&unknown));
     let nats = ["--broker", "nats://127.0.0.1:1", "--stream", "S", "--group", "g"];
     for (args, expected) in [
-        (vec!["show", "abc"], "is not a NATS dead-letter id"),
+        (vec!["show", "--id", "abc"], "is not a NATS dead-letter id"),
         (vec!["list", "--id", "0"], "is not a NATS dead-letter id"),
         (vec!["replay"], "needs a filter"),
         (vec!["discard"], "needs a filter"),
@@ -457,7 +457,7 @@ fn bad_input_is_refused_before_connecting() {
         assert!(text(&output).contains(expected), "{args:?}: {}", text(&output));
     }
     let redis = ["--broker", "redis://127.0.0.1:1", "--stream", "s", "--group", "g"];
-    let output = run(&[&["show", "17"][..], &redis[..]].concat());
+    let output = run(&[&["show", "--id", "17"][..], &redis[..]].concat());
     assert!(text(&output).contains("is not a Redis dead-letter id"), "{}", text(&output));
     let kafka = ["--broker", "kafka://127.0.0.1:1", "--group", "g"];
     let output = run(&[&["list"][..], &kafka[..]].concat());
