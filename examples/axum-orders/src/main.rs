@@ -19,6 +19,7 @@ use clap::Parser;
 use outbox_example_axum::memory::InMemoryTransport;
 use outbox_example_axum::migration::Migrator;
 use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport};
+use outbox_seaorm::brokers::{ConnectRetry, connect_with_retry};
 use outbox_seaorm::{BoxError, CancellationToken, Destination, InMemoryPublisher, redact_url};
 use sea_orm_migration::MigratorTrait;
 use tokio::net::TcpListener;
@@ -68,9 +69,18 @@ async fn main() -> Result<(), BoxError> {
             outbox_example_axum::serve(listener, db, broker, transport, shutdown).await
         }
         Some(url) if url.starts_with("nats://") => {
-            let publisher = NatsPublisher::connect(url, Destination::parse("orders.{event_type}")?).await?;
-            publisher.ensure_stream(STREAM, &["orders.>"]).await?;
-            let transport = NatsTransport::connect(url, STREAM, "billing", None).await?;
+            // The broker may start after the app (one deploy brings both up): retry, within a bound.
+            let shown = redact_url(url);
+            let publisher = connect_with_retry(&shown, ConnectRetry::default(), || async {
+                let publisher = NatsPublisher::connect(url, Destination::parse("orders.{event_type}")?).await?;
+                publisher.ensure_stream(STREAM, &["orders.>"]).await?;
+                Ok(publisher)
+            })
+            .await?;
+            let transport = connect_with_retry(&shown, ConnectRetry::default(), || {
+                NatsTransport::connect(url, STREAM, "billing", None)
+            })
+            .await?;
             outbox_example_axum::serve(listener, db, publisher, transport, shutdown).await
         }
         Some(url) => Err(format!("--broker {}: expected a nats:// URL", redact_url(url)).into()),
