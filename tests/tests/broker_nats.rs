@@ -179,7 +179,7 @@ async fn a_message_is_acked_only_after_the_handler_committed() {
     };
     let consumer = Consumer::new(CONSUMER).unwrap().on::<ItemCounted>(handler);
     let running = Running::start(consumer, nats.transport(CONSUMER, options()).await);
-    eventually(Duration::from_secs(5), "the message is delivered", async || {
+    eventually(Duration::from_secs(30), "the message is delivered", async || {
         nats.consumer_info(CONSUMER).await.num_ack_pending == 1
     })
     .await;
@@ -191,7 +191,7 @@ async fn a_message_is_acked_only_after_the_handler_committed() {
     assert_eq!(effects(&t).await, 0, "{t}");
 
     gate.add_permits(1);
-    eventually(Duration::from_secs(5), "the message is acked", async || {
+    eventually(Duration::from_secs(30), "the message is acked", async || {
         let info = nats.consumer_info(CONSUMER).await;
         info.num_ack_pending == 0 && info.ack_floor.stream_sequence == 1
     })
@@ -260,7 +260,7 @@ async fn a_backlog_drains_after_nats_comes_back() {
 
     proxy.cut();
     let client = nats.publisher.client().clone();
-    eventually(Duration::from_secs(5), "the client notices the cut", async || {
+    eventually(Duration::from_secs(30), "the client notices the cut", async || {
         client.connection_state() != State::Connected
     })
     .await;
