@@ -327,12 +327,21 @@ async fn an_entry_held_by_a_live_consumer_is_not_claimed_by_another() {
     enqueue_committed(&t, &shipments(1, 3)).await;
     relay.drain(10).await.expect("relay");
 
-    // A takes the three entries of parcel p0 and holds them (its handler waits) for 4 × min_idle.
+    // A takes the three entries of parcel p0 and holds them (its handler waits) for 2 × min_idle. A min_idle
+    // of 3 s, kept alive every second: a keep-alive may come 2 s late on a loaded machine before B could
+    // claim (with 600 ms, a 400 ms stall was enough).
+    let min_idle = Duration::from_secs(3);
+    let config = || transport_config().with_min_idle(min_idle);
+    let connect = async |name: &str| {
+        RedisTransport::connect_with(REDIS_URL, &stream, "shipping", name, config())
+            .await
+            .unwrap_or_else(|e| panic!("transport {name}: {e}"))
+    };
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let a = Running::start(shipping(&t, Some(gate.clone())), transport(REDIS_URL, &stream, "shipping", "a").await);
+    let a = Running::start(shipping(&t, Some(gate.clone())), connect("a").await);
     eventually(Duration::from_secs(30), "A holds the entries", async || pending(&stream, "shipping").await == 3).await;
-    let b = Running::start(shipping(&t, None), transport(REDIS_URL, &stream, "shipping", "b").await);
-    tokio::time::sleep(Duration::from_millis(2400)).await;
+    let b = Running::start(shipping(&t, None), connect("b").await);
+    tokio::time::sleep(min_idle * 2).await;
     let b_stats: ConsumerStats = b.stop().await;
     assert_eq!(b_stats.processed + b_stats.duplicates, 0, "B never got A's held entries: {b_stats:?}");
 

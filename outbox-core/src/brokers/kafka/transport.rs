@@ -140,9 +140,8 @@ impl Progress {
     }
 }
 
-/// The consumer's context: logs through `tracing`, records what the background commits did, and on a
-/// revocation commits what was acked of the revoked partitions and drops their progress (their new owner
-/// starts from the last commit).
+/// The consumer's context: logs through `tracing`, and on a revocation commits what was acked of the
+/// revoked partitions and drops their progress (their new owner starts from the last commit).
 struct TransportContext {
     progress: Arc<Mutex<Progress>>,
 }
