@@ -174,7 +174,7 @@ fn read_all(bootstrap: &str, topic: &str, partitions: i32, expected: usize) -> V
     }
     consumer.assign(&list).expect("assign");
     let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while out.len() < expected && Instant::now() < deadline {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
             let headers = m
@@ -315,7 +315,7 @@ async fn kafka_dead_letters_keep_key_payload_and_raw_headers() {
     let mut list = TopicPartitionList::new();
     list.add_partition_offset(&dlq, 0, Offset::Beginning).expect("partition");
     reader.assign(&list).expect("assign");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     let letter = loop {
         assert!(Instant::now() < deadline, "{t}: no dead letter in {dlq}");
         if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
