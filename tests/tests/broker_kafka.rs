@@ -29,7 +29,7 @@ use outbox_seaorm::brokers::kafka::rdkafka::admin::{AdminClient, AdminOptions, N
 use outbox_seaorm::brokers::kafka::rdkafka::client::DefaultClientContext;
 use outbox_seaorm::brokers::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
 use outbox_seaorm::brokers::kafka::rdkafka::message::{Header, Headers as _, Message as _, OwnedHeaders};
-use outbox_seaorm::brokers::kafka::rdkafka::mocking::MockCluster;
+use outbox_seaorm::brokers::kafka::rdkafka::mocking::{MockCluster, MockCoordinator};
 use outbox_seaorm::brokers::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use outbox_seaorm::brokers::kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use outbox_seaorm::brokers::kafka::{KafkaPublisher, KafkaTransport, Subscription, default_destination};
@@ -174,7 +174,7 @@ fn read_all(bootstrap: &str, topic: &str, partitions: i32, expected: usize) -> V
     }
     consumer.assign(&list).expect("assign");
     let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while out.len() < expected && Instant::now() < deadline {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
             let headers = m
@@ -315,7 +315,7 @@ async fn kafka_dead_letters_keep_key_payload_and_raw_headers() {
     let mut list = TopicPartitionList::new();
     list.add_partition_offset(&dlq, 0, Offset::Beginning).expect("partition");
     reader.assign(&list).expect("assign");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     let letter = loop {
         assert!(Instant::now() < deadline, "{t}: no dead letter in {dlq}");
         if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
@@ -627,4 +627,108 @@ async fn kafka_commits_stop_at_a_message_held_for_a_retry() {
         committed(&m.bootstrap, &group, &topic, 1).await == vec![(topic.clone(), 0, 6)]
     })
     .await;
+}
+
+/// The group coordinator stops answering (a round trip of an hour) while the partition leader answers:
+/// the consumer goes on applying one aggregate's messages in order (an ack that waited for its commit would
+/// hold that lane), the unanswered commits are counted and superseded, the offsets reach the broker once the
+/// coordinator answers again, and a shutdown during a hang ends (its final commit gives up after the commit
+/// timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_hung_offset_commit_does_not_stop_consumption() {
+    outbox_integration_tests::log_to_test_output();
+    let t = all_backends("kafka_hung_commit").await.swap_remove(0);
+    create_shipments(&t).await;
+    let topic = unique("kafka-hung-commit");
+    let group = unique("kafka-hung-commit");
+    let cluster = MockCluster::new(2).expect("mock cluster");
+    cluster.create_topic(&topic, 1, 1).expect("mock topic");
+    cluster.partition_leader(&topic, 0, Some(1)).expect("leader on broker 1");
+    cluster.coordinator(MockCoordinator::Group(group.clone()), 2).expect("coordinator on broker 2");
+    let bootstrap = cluster.bootstrap_servers();
+    let m = Mock { cluster, bootstrap };
+    let relay =
+        Relay::new(SeaOrmStore::new(t.db.clone()), mock_publisher(&m, to(&topic), &[]), fast_config()).expect("relay");
+    let publish = async |events: Vec<NewEvent>| {
+        outbox_seaorm::enqueue_all(&t.db, &events).await.expect("enqueue");
+        let published: u64 = relay.drain(100).await.expect("relay").iter().map(|pass| pass.published).sum();
+        assert_eq!(published, events.len() as u64, "{t}: relayed");
+    };
+    let committed_now = async || {
+        let probe = KafkaTransport::connect(&m.bootstrap, &group, assignment(&topic, 1), &[]).expect("probe");
+        probe.committed(Duration::from_secs(2)).await.ok()
+    };
+
+    // A request unanswered for 3 s times out in librdkafka (its connection is then reopened).
+    let transport =
+        KafkaTransport::connect(&m.bootstrap, &group, assignment(&topic, 1), &[("socket.timeout.ms", "3000")])
+            .expect("transport")
+            .with_commit_interval(Duration::from_millis(100))
+            .expect("interval")
+            .with_commit_timeout(Duration::from_secs(1))
+            .expect("timeout");
+    let transport = Arc::new(transport);
+    let consumer = Arc::new(shipping(&t.db, &Seen::default(), |_, _| false));
+    let shutdown = outbox_seaorm::CancellationToken::new();
+    let task = {
+        let (consumer, transport, shutdown) = (consumer.clone(), transport.clone(), shutdown.clone());
+        tokio::spawn(async move { consumer.run(&*transport, shutdown).await })
+    };
+
+    publish(vec![shipped("p", 0)]).await;
+    eventually("the first offset committed", Duration::from_secs(30), || async {
+        committed_now().await == Some(vec![(topic.clone(), 0, 1)])
+    })
+    .await;
+    eventually("the commit's answer seen by the transport", Duration::from_secs(30), || async {
+        transport.commit_stats().committed >= 1
+    })
+    .await;
+
+    m.cluster.broker_round_trip_time(2, Duration::from_secs(3600)).expect("coordinator hangs");
+    publish((1..=10).map(|n| shipped("p", n)).collect()).await;
+    eventually("10 more shipments of one parcel while commits hang", Duration::from_secs(60), || async {
+        count_table(&t, "kafka_shipments").await == 11
+    })
+    .await;
+    eventually("an unanswered commit counted", Duration::from_secs(60), || async {
+        let stats = transport.commit_stats();
+        stats.timed_out + stats.failed >= 1
+    })
+    .await;
+    eprintln!("kafka hung commit: during the hang {:?}", transport.commit_stats());
+
+    m.cluster.broker_round_trip_time(2, Duration::ZERO).expect("coordinator answers");
+    eventually("every offset committed once the coordinator answers", Duration::from_secs(60), || async {
+        committed_now().await == Some(vec![(topic.clone(), 0, 11)])
+    })
+    .await;
+
+    // Shutdown while the coordinator hangs again: the final commit gives up, the driver returns.
+    m.cluster.broker_round_trip_time(2, Duration::from_secs(3600)).expect("coordinator hangs");
+    publish(vec![shipped("p", 11)]).await;
+    eventually("the 12th shipment", Duration::from_secs(60), || async {
+        count_table(&t, "kafka_shipments").await == 12
+    })
+    .await;
+    let before = transport.commit_stats();
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .expect("shutdown finished although the coordinator never answers")
+        .expect("consumer task")
+        .expect("consumer run");
+    let after = transport.commit_stats();
+    assert!(after.timed_out > before.timed_out, "{t}: the final commit gave up: {before:?} → {after:?}");
+    let stats = consumer.stats();
+    assert_eq!((stats.processed, stats.ack_failures), (12, 0), "{t}: {stats:?}");
+    let shipped_n: Vec<i64> = {
+        let rows =
+            t.db.query_all_raw(sea_orm::Statement::from_string(t.backend, "SELECT n FROM kafka_shipments ORDER BY n"))
+                .await
+                .expect("shipments");
+        rows.iter().map(|r| r.try_get::<i64>("", "n").expect("n")).collect()
+    };
+    assert_eq!(shipped_n, (0..12).collect::<Vec<i64>>(), "{t}: each once");
+    m.cluster.broker_round_trip_time(2, Duration::ZERO).expect("coordinator answers");
 }

@@ -178,20 +178,23 @@ async fn a_message_is_acked_only_after_the_handler_committed() {
         }
     };
     let consumer = Consumer::new(CONSUMER).unwrap().on::<ItemCounted>(handler);
-    let running = Running::start(consumer, nats.transport(CONSUMER, options()).await);
-    eventually(Duration::from_secs(5), "the message is delivered", async || {
+    // An ack_wait of 6 s, kept alive every 2 s: a keep-alive may come 4 s late on a loaded machine before
+    // the server would redeliver (with 2 s, a 1.3 s stall was enough).
+    let ack_wait = Duration::from_secs(6);
+    let running = Running::start(consumer, nats.transport(CONSUMER, options().with_ack_wait(ack_wait)).await);
+    eventually(Duration::from_secs(30), "the message is delivered", async || {
         nats.consumer_info(CONSUMER).await.num_ack_pending == 1
     })
     .await;
     // Longer than ack_wait: the transport keeps the held message alive, so it is not redelivered.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(ack_wait + Duration::from_secs(2)).await;
     let info = nats.consumer_info(CONSUMER).await;
     assert_eq!((info.num_ack_pending, info.ack_floor.stream_sequence), (1, 0), "{t}: not acked before the commit");
     assert_eq!(info.num_redelivered, 0, "{t}: kept alive while held: {info:?}");
     assert_eq!(effects(&t).await, 0, "{t}");
 
     gate.add_permits(1);
-    eventually(Duration::from_secs(5), "the message is acked", async || {
+    eventually(Duration::from_secs(30), "the message is acked", async || {
         let info = nats.consumer_info(CONSUMER).await;
         info.num_ack_pending == 0 && info.ack_floor.stream_sequence == 1
     })
@@ -260,7 +263,7 @@ async fn a_backlog_drains_after_nats_comes_back() {
 
     proxy.cut();
     let client = nats.publisher.client().clone();
-    eventually(Duration::from_secs(5), "the client notices the cut", async || {
+    eventually(Duration::from_secs(30), "the client notices the cut", async || {
         client.connection_state() != State::Connected
     })
     .await;

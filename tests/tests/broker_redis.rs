@@ -251,7 +251,7 @@ async fn an_event_appended_twice_after_a_lost_confirmation_is_applied_once() {
         stats.processed + stats.duplicates == 20
     })
     .await;
-    eventually(Duration::from_secs(5), "all 20 entries acked", async || {
+    eventually(Duration::from_secs(30), "all 20 entries acked", async || {
         pending(&streams.parcels(), "shipping").await == 0
     })
     .await;
@@ -306,7 +306,7 @@ async fn entries_left_pending_by_a_dead_consumer_are_claimed_and_applied_once() 
 
     let running = Running::start(shipping(&t, None), b);
     wait_for_invoices(&t, 10).await;
-    eventually(Duration::from_secs(5), "B acked A's entries", async || pending(&stream, "shipping").await == 0).await;
+    eventually(Duration::from_secs(30), "B acked A's entries", async || pending(&stream, "shipping").await == 0).await;
     let stats = running.stop().await;
     assert_eq!(stats.processed, 10, "{stats:?}");
     assert!(dead_entries(&stream).await.is_empty(), "nothing dead-lettered");
@@ -327,12 +327,21 @@ async fn an_entry_held_by_a_live_consumer_is_not_claimed_by_another() {
     enqueue_committed(&t, &shipments(1, 3)).await;
     relay.drain(10).await.expect("relay");
 
-    // A takes the three entries of parcel p0 and holds them (its handler waits) for 4 × min_idle.
+    // A takes the three entries of parcel p0 and holds them (its handler waits) for 2 × min_idle. A min_idle
+    // of 3 s, kept alive every second: a keep-alive may come 2 s late on a loaded machine before B could
+    // claim (with 600 ms, a 400 ms stall was enough).
+    let min_idle = Duration::from_secs(3);
+    let config = || transport_config().with_min_idle(min_idle);
+    let connect = async |name: &str| {
+        RedisTransport::connect_with(REDIS_URL, &stream, "shipping", name, config())
+            .await
+            .unwrap_or_else(|e| panic!("transport {name}: {e}"))
+    };
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let a = Running::start(shipping(&t, Some(gate.clone())), transport(REDIS_URL, &stream, "shipping", "a").await);
-    eventually(Duration::from_secs(5), "A holds the entries", async || pending(&stream, "shipping").await == 3).await;
-    let b = Running::start(shipping(&t, None), transport(REDIS_URL, &stream, "shipping", "b").await);
-    tokio::time::sleep(Duration::from_millis(2400)).await;
+    let a = Running::start(shipping(&t, Some(gate.clone())), connect("a").await);
+    eventually(Duration::from_secs(30), "A holds the entries", async || pending(&stream, "shipping").await == 3).await;
+    let b = Running::start(shipping(&t, None), connect("b").await);
+    tokio::time::sleep(min_idle * 2).await;
     let b_stats: ConsumerStats = b.stop().await;
     assert_eq!(b_stats.processed + b_stats.duplicates, 0, "B never got A's held entries: {b_stats:?}");
 
@@ -402,7 +411,7 @@ async fn bad_entries_are_dead_lettered_once_with_their_fields_while_later_entrie
     let consumer_app = Consumer::new(CONSUMER).unwrap().with_config(config).unwrap().on::<ParcelShipped>(handler);
     let running = Running::start(consumer_app, consumer);
     wait_for_invoices(&t, 5).await;
-    eventually(Duration::from_secs(5), "everything acked", async || pending(&stream, "shipping").await == 0).await;
+    eventually(Duration::from_secs(30), "everything acked", async || pending(&stream, "shipping").await == 0).await;
     // Longer than min_idle and several reclaim rounds: a dead-lettered entry never comes back.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let stats = running.stop().await;

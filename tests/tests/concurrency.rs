@@ -134,7 +134,7 @@ async fn held_head_keeps_its_aggregate_from_other_relays(t: &TestDb, mode: Claim
 
     // A marks x:first while B still holds y's run: B's claim must not lock anything but its own rows.
     let outcome = all_published(&held_by_a);
-    let report = tokio::time::timeout(Duration::from_secs(5), held_by_a.complete(outcome))
+    let report = tokio::time::timeout(Duration::from_secs(30), held_by_a.complete(outcome))
         .await
         .unwrap_or_else(|_| panic!("{t}: marking A's batch waited on B's claim"))
         .unwrap_or_else(|e| panic!("{t}: {e}"));
@@ -178,7 +178,7 @@ async fn an_enqueue_never_waits_for_a_relays_open_transaction_claim(t: TestDb) {
 
     // New events of a held aggregate and of a fresh one, while the claim is open.
     let more = [event("x", "second", 3), event("z", "first", 4)];
-    tokio::time::timeout(Duration::from_secs(5), enqueue_committed(&t, &more))
+    tokio::time::timeout(Duration::from_secs(30), enqueue_committed(&t, &more))
         .await
         .unwrap_or_else(|_| panic!("{t}: the enqueue waited for the relay's claim (gap locks?)"));
 

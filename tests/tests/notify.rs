@@ -20,10 +20,14 @@ use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbB
 /// test's notification must not be what wakes (or seems to poll) this test's relay.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The relay's poll: a notification must beat it by half (it takes milliseconds; the margin is for a
-/// loaded machine).
-const POLL: Duration = Duration::from_secs(5);
-const FAST: Duration = Duration::from_millis(2500);
+/// The poll of a relay whose wake-up is tested: ten times [`WAIT`], so an event published within [`WAIT`]
+/// was published because of the notification (it takes milliseconds), never by the poll. A state, not a
+/// latency bound: a loaded machine makes the wake-up slower, not the test fail.
+const LONG_POLL: Duration = Duration::from_secs(600);
+/// The poll of the relay that must fall back to polling while its listener is gone.
+const SHORT_POLL: Duration = Duration::from_secs(5);
+/// How long a test waits for a publication.
+const WAIT: Duration = Duration::from_secs(60);
 
 fn channel(tag: &str) -> NotifyChannel {
     NotifyChannel::new(format!("n_{tag}_{}", run_suffix())).expect("a valid channel")
@@ -67,24 +71,25 @@ async fn insert_event_with_sql(t: &TestDb, writer: &DatabaseConnection, aggregat
     txn.commit().await.unwrap_or_else(|e| panic!("{t}: commit: {e}"));
 }
 
-/// The relay "process": its own pool, a relay polling every [`POLL`], and the listener on `channel`
-/// over `listen_db`; returns once the listener listens and the relay's first pass is done.
+/// The relay "process": its own pool, a relay polling every `poll`, and the listener on `channel` over
+/// `listen_db`; returns once the listener listens and the relay's first pass is done.
 async fn relay_process(
     t: &TestDb,
     broker: &InMemoryPublisher,
     listen_db: &DatabaseConnection,
     channel: &NotifyChannel,
+    poll: Duration,
 ) -> (OutboxService, ListenerStatsHandle) {
     let store = SeaOrmStore::new(t.reconnect().await);
     let listener = notify::NotifyListener::new(listen_db, channel.clone()).unwrap_or_else(|e| panic!("{t}: {e}"));
     let stats = listener.stats();
     let service = OutboxService::builder(store, broker.clone())
-        .relay_config(RelayConfig::default().with_poll_interval(POLL))
+        .relay_config(RelayConfig::default().with_poll_interval(poll))
         .without_cleanup()
         .with_task(move |stop| listener.run(stop))
         .start()
         .unwrap_or_else(|e| panic!("{t}: {e}"));
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while service.health().last_success_at.is_none() || !stats.get().connected {
         assert!(Instant::now() < deadline, "{t}: the relay never passed or the listener never listened");
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -116,20 +121,18 @@ async fn a_commit_in_another_process_wakes_a_listening_relay_long_before_its_pol
         notify::install_notify_trigger(&t.db, &channel).await.unwrap_or_else(|e| panic!("{t}: {e}"));
         let listen_db = listener_pool(&t, 1).await;
         let broker = InMemoryPublisher::new();
-        let (service, stats) = relay_process(&t, &broker, &listen_db, &channel).await;
+        let (service, stats) = relay_process(&t, &broker, &listen_db, &channel, LONG_POLL).await;
         let before = stats.get().notifications;
 
         let mut took = Vec::new();
         for i in 0..5 {
             let since = Instant::now();
             insert_event_with_sql(&t, &t.db, &format!("o{i}")).await;
-            took.push(until_received(&t, &broker, i + 1, since, POLL + POLL / 2).await);
+            // Within WAIT, a tenth of the poll: woken by the notification, not polled.
+            took.push(until_received(&t, &broker, i + 1, since, WAIT).await);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        eprintln!("{t}: poll {POLL:?}; published after a plain-SQL commit in another pool: {took:?}");
-        for latency in &took {
-            assert!(*latency < FAST, "{t}: took {latency:?} with a notification (poll {POLL:?}): {took:?}");
-        }
+        eprintln!("{t}: poll {LONG_POLL:?}; published after a plain-SQL commit in another pool: {took:?}");
         assert!(stats.get().notifications >= before + 5, "{t}: every commit was notified: {:?}", stats.get());
         service.shutdown().await;
         assert!(!stats.get().connected, "{t}: the listener stops with the service");
@@ -146,7 +149,7 @@ async fn a_killed_listen_connection_falls_back_to_polling_and_recovers() {
         // The listener's pool has one connection, so holding it keeps the listener from reconnecting.
         let listen_db = listener_pool(&t, 1).await;
         let broker = InMemoryPublisher::new();
-        let (service, stats) = relay_process(&t, &broker, &listen_db, &channel).await;
+        let (service, stats) = relay_process(&t, &broker, &listen_db, &channel, SHORT_POLL).await;
 
         let find = format!("SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN \"{channel}\"'");
         let row = t.db.query_one_raw(Statement::from_string(DbBackend::Postgres, find)).await;
@@ -157,7 +160,7 @@ async fn a_killed_listen_connection_falls_back_to_polling_and_recovers() {
             .unwrap_or_else(|e| panic!("{t}: {e}"));
         let kill = format!("SELECT pg_terminate_backend({pid})");
         t.db.execute_unprepared(&kill).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while stats.get().connected {
             assert!(Instant::now() < deadline, "{t}: the listener never noticed its connection was killed");
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -168,11 +171,11 @@ async fn a_killed_listen_connection_falls_back_to_polling_and_recovers() {
 
         let since = Instant::now();
         insert_event_with_sql(&t, &t.db, "while-deaf").await;
-        let by_poll = until_received(&t, &broker, 1, since, POLL + Duration::from_secs(2)).await;
+        let by_poll = until_received(&t, &broker, 1, since, WAIT).await;
         let during = stats.get();
         assert!(!during.connected, "{t}: the event went out while nobody listened: {during:?}");
         assert!(during.lost >= 1 && during.connects == 1, "{t}: {during:?}");
-        eprintln!("{t}: without a listener the poll published after {by_poll:?} (poll {POLL:?})");
+        eprintln!("{t}: without a listener the poll published after {by_poll:?} (poll {SHORT_POLL:?})");
 
         drop(held);
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -182,11 +185,18 @@ async fn a_killed_listen_connection_falls_back_to_polling_and_recovers() {
         }
         assert!(stats.get().connects >= 2, "{t}: {:?}", stats.get());
         tokio::time::sleep(Duration::from_millis(100)).await; // its catch-up pass is done
+        let notified = stats.get().notifications;
         let since = Instant::now();
         insert_event_with_sql(&t, &t.db, "after-reconnect").await;
-        let woken = until_received(&t, &broker, 2, since, POLL + POLL / 2).await;
+        let woken = until_received(&t, &broker, 2, since, WAIT).await;
         eprintln!("{t}: after the reconnect a notification published after {woken:?}");
-        assert!(woken < FAST, "{t}: took {woken:?} after the reconnect (poll {POLL:?})");
+        // Recovered: the listener hears commits again (that a notification beats the poll is the first
+        // test's subject; here the poll is short on purpose).
+        let deadline = Instant::now() + WAIT;
+        while stats.get().notifications <= notified {
+            assert!(Instant::now() < deadline, "{t}: no notification after the reconnect: {:?}", stats.get());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         service.shutdown().await;
     })
     .await;
@@ -218,7 +228,7 @@ async fn without_the_trigger_no_notification_is_sent_and_with_it_one_per_commit(
         // One commit of three events (one statement): one notification.
         let events: Vec<_> = (0..3).map(|i| common::event(&format!("b{i}"), "order.placed", i)).collect();
         common::enqueue_committed(&t, &events).await;
-        let got = tokio::time::timeout(Duration::from_secs(2), listener.recv()).await;
+        let got = tokio::time::timeout(Duration::from_secs(30), listener.recv()).await;
         let got = got.unwrap_or_else(|_| panic!("{t}: no notification")).unwrap_or_else(|e| panic!("{t}: {e}"));
         assert_eq!((got.channel(), got.payload()), (channel.as_str(), ""), "{t}");
         assert!(silent(&mut listener).await, "{t}: one notification per commit");

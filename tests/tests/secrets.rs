@@ -123,7 +123,9 @@ async fn database_urls_with_passwords_fail_without_showing_them_and_in_seconds()
         let elapsed = started.elapsed();
         let shown = format!("{err} / {err:?}");
         assert_secret_free(url, &shown);
-        assert!(elapsed < Duration::from_secs(15), "{url}: failed after {elapsed:?}; the connect timeout is 5 s");
+        // Refused or unparsable: fails at once. The bound only tells it apart from sqlx's 30 s default
+        // acquire timeout, with room for a loaded machine.
+        assert!(elapsed < Duration::from_secs(25), "{url}: failed after {elapsed:?}; the connect timeout is 5 s");
         println!("{}: {err} ({elapsed:?})", outbox_seaorm::redact_url(url));
     }
     assert_no_secret_logged("connect");

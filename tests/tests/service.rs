@@ -52,13 +52,13 @@ async fn shutdown_mid_batch_leaves_no_row_claimed(t: TestDb) {
         .without_cleanup()
         .start()
         .unwrap_or_else(|e| panic!("{t}: {e}"));
-    assert!(eventually(Duration::from_secs(5), || broker.publish_calls() >= 1).await, "{t}: no publish");
+    assert!(eventually(Duration::from_secs(30), || broker.publish_calls() >= 1).await, "{t}: no publish");
     assert_eq!(count_claimed(&t).await, 20, "{t}: the whole batch is leased while the first wave is out");
 
-    let started = Instant::now();
-    service.shutdown().await;
-    let took = started.elapsed();
-    assert!(took < Duration::from_secs(9), "{t}: shutdown waited for every wave ({took:?})");
+    // Not a duration bound: had shutdown waited for every wave, all 20 would be published (checked below).
+    tokio::time::timeout(Duration::from_secs(60), service.shutdown())
+        .await
+        .unwrap_or_else(|_| panic!("{t}: shutdown did not finish within 60 s"));
     assert_eq!(count_claimed(&t).await, 0, "{t}: a row is still leased after shutdown");
     let published = count_published(&t).await;
     assert!((4..20).contains(&published), "{t}: the wave in flight was recorded, the rest released: {published}");
@@ -79,7 +79,7 @@ async fn shutdown_mid_batch_in_transaction_mode_lets_another_relay_claim_the_res
         .without_cleanup()
         .start()
         .unwrap_or_else(|e| panic!("{t}: {e}"));
-    assert!(eventually(Duration::from_secs(5), || broker.publish_calls() >= 1).await, "{t}: no publish");
+    assert!(eventually(Duration::from_secs(30), || broker.publish_calls() >= 1).await, "{t}: no publish");
     service.shutdown().await;
 
     let unpublished = count_unpublished(&t).await;
@@ -160,7 +160,7 @@ async fn store_errors_back_off_exponentially_and_count_towards_health(t: TestDb)
 
     failing.store(false, Ordering::SeqCst);
     let recovered =
-        eventually(Duration::from_secs(3), || service.health().published_events == 1 && broker.received_count() == 1)
+        eventually(Duration::from_secs(30), || service.health().published_events == 1 && broker.received_count() == 1)
             .await;
     assert!(recovered, "{t}: the event was not published after the store came back");
     let health = service.health();
@@ -211,7 +211,7 @@ async fn two_services_clean_up_concurrently_without_double_deleting_or_touching_
     let a = start(t.reconnect().await).unwrap_or_else(|e| panic!("{t}: {e}"));
     let b = start(t.reconnect().await).unwrap_or_else(|e| panic!("{t}: {e}"));
     let deleted = || a.health().cleaned_outbox_rows + b.health().cleaned_outbox_rows;
-    assert!(eventually(Duration::from_secs(5), || deleted() >= 30).await, "{t}: deleted {}", deleted());
+    assert!(eventually(Duration::from_secs(30), || deleted() >= 30).await, "{t}: deleted {}", deleted());
     tokio::time::sleep(Duration::from_millis(150)).await; // a few more rounds of both
     assert_eq!(deleted(), 30, "{t}: each row is deleted (and counted) once");
     for (name, service) in [("a", &a), ("b", &b)] {
@@ -244,7 +244,7 @@ async fn the_cleanup_lock_admits_one_process_at_a_time(t: TestDb) {
     let taken = b.try_lock("outbox_test").await.unwrap_or_else(|e| panic!("{t}: {e}")).expect("free after release");
 
     drop(taken); // never released: closing its connection lets it go
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(lock) = a.try_lock("outbox_test").await.unwrap_or_else(|e| panic!("{t}: {e}")) {
             lock.release().await.unwrap_or_else(|e| panic!("{t}: {e}"));

@@ -65,7 +65,8 @@ fn a_bad_database_url_exits_non_zero_without_printing_the_password() {
         assert!(!output.status.success(), "{url}: exit 0: {all}");
         assert!(all.contains("error:"), "{url}: no clear message: {all}");
         assert!(!all.contains(SECRET), "{url}: the password was printed: {all}");
-        assert!(started.elapsed() < Duration::from_secs(10), "{url}: took {:?}", started.elapsed());
+        // Fails at once; the bound only tells it apart from sqlx's 30 s default acquire timeout.
+        assert!(started.elapsed() < Duration::from_secs(25), "{url}: took {:?}", started.elapsed());
     }
     let output = outbox().arg("check").output().expect("run outbox");
     assert!(!output.status.success() && text(&output).contains("DATABASE_URL"), "{}", text(&output));

@@ -152,6 +152,9 @@ impl<'a, T: Transport> Driver<'a, T> {
                 }
             }
         }
+        if let Err(error) = self.transport.flush().await {
+            tracing::warn!(%error, "final flush of acks failed; the broker delivers those messages again and the inbox absorbs them");
+        }
         tracing::info!(stats = ?self.consumer.stats(), "consumer stopped");
         Ok(())
     }

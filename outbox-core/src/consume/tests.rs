@@ -140,14 +140,21 @@ fn fast() -> ConsumerConfig {
         .with_max_deliveries(3)
 }
 
-async fn run_for(consumer: &Consumer, transport: &Memory, time: Duration) {
+/// Runs `consumer` until `done` holds (or 30 s pass, which fails the test), then shuts it down.
+/// Tests wait for a state, never for a fixed time, so a loaded machine cannot fail them.
+async fn run_until(consumer: &Consumer, transport: &Memory, done: impl Fn(&ConsumerStats) -> bool) {
     let shutdown = crate::CancellationToken::new();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(time).await;
-        stop.cancel();
-    });
-    consumer.run(transport, shutdown).await.unwrap();
+    let run = consumer.run(transport, shutdown.clone());
+    let watch = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !done(&consumer.stats()) {
+            assert!(tokio::time::Instant::now() < deadline, "not reached in 30 s: {:?}", consumer.stats());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        shutdown.cancel();
+    };
+    let (ran, ()) = tokio::join!(run, watch);
+    ran.unwrap();
 }
 
 #[tokio::test]
@@ -173,7 +180,10 @@ async fn every_outcome_acks_only_after_apply_skip_or_confirmed_dead_letter() {
         (BTreeMap::new(), b"junk".to_vec()), // poison
     ]);
     *transport.dead_letter_failures.lock().unwrap() = 2; // the first two dead-letter publishes fail
-    run_for(&consumer, &transport, Duration::from_millis(400)).await;
+    run_until(&consumer, &transport, |s| {
+        s.processed == 2 && s.skipped == 1 && s.dead_lettered == 2 && s.newer_version >= 2
+    })
+    .await;
     let stats = consumer.stats();
     assert_eq!(applied.lock().unwrap().clone(), vec![("a".to_owned(), 0), ("a".to_owned(), 1)]);
     assert_eq!(stats.processed, 2, "{stats:?}");
@@ -202,7 +212,7 @@ async fn a_panicking_handler_is_retried_then_dead_lettered_and_the_consumer_goes
             Ok::<_, std::io::Error>(())
         });
     let transport = Memory::with(vec![message("tick", 2, "a", 1), message("tick", 2, "b", 2)]);
-    run_for(&consumer, &transport, Duration::from_millis(200)).await;
+    run_until(&consumer, &transport, |s| s.processed == 1 && s.dead_lettered == 1).await;
     let stats = consumer.stats();
     assert_eq!((stats.processed, stats.dead_lettered, stats.retried), (1, 1, 2), "{stats:?}");
     assert!(transport.dead.lock().unwrap()[0].1.reason.contains("panicked: bug"));
@@ -243,7 +253,7 @@ async fn malformed_messages_are_dead_lettered_with_a_reason_never_a_panic() {
         message("tick", 1, "old", 1), // older than any upcaster
         message("tick", 2, "fine", 1),
     ]);
-    run_for(&consumer, &transport, Duration::from_millis(200)).await;
+    run_until(&consumer, &transport, |s| s.dead_lettered == 7 && s.processed == 1).await;
     let stats = consumer.stats();
     assert_eq!((stats.dead_lettered, stats.processed, stats.retried), (7, 1, 0), "{stats:?}");
     let reasons: Vec<String> = transport.dead.lock().unwrap().iter().map(|(_, l)| l.reason.clone()).collect();
@@ -270,29 +280,14 @@ async fn a_failed_ack_is_tried_again_before_the_message_is_left_to_redelivery() 
         .on::<Tick>(|_: Received<Tick>| async { Ok::<_, std::io::Error>(()) });
     let transport = Memory::with(vec![message("tick", 2, "a", 1), message("tick", 2, "b", 1)]);
     *transport.ack_failures.lock().unwrap() = 2; // the first message's first two acks fail
-    run_for(&consumer, &transport, Duration::from_millis(300)).await;
+    // Wait for the acks themselves: a shutdown during the retry pause would end the retries early.
+    run_until(&consumer, &transport, |_| transport.acked.lock().unwrap().len() == 2).await;
     assert_eq!(transport.acked.lock().unwrap().len(), 2);
     assert_eq!(consumer.stats().ack_failures, 0, "{:?}", consumer.stats());
     *transport.ack_failures.lock().unwrap() = 5;
     transport.queue.lock().unwrap().push_back(message("tick", 2, "c", 1));
-    run_for(&consumer, &transport, Duration::from_millis(300)).await;
+    run_until(&consumer, &transport, |s| s.ack_failures == 1).await;
     assert_eq!(consumer.stats().ack_failures, 1, "three attempts, then left to the broker: {:?}", consumer.stats());
-}
-
-/// Runs `consumer` until `done` holds (or 30 s pass, which fails the test), then shuts it down.
-async fn run_until(consumer: &Consumer, transport: &Memory, done: impl Fn(&ConsumerStats) -> bool) {
-    let shutdown = crate::CancellationToken::new();
-    let run = consumer.run(transport, shutdown.clone());
-    let watch = async {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !done(&consumer.stats()) {
-            assert!(tokio::time::Instant::now() < deadline, "not reached in 30 s: {:?}", consumer.stats());
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        shutdown.cancel();
-    };
-    let (ran, ()) = tokio::join!(run, watch);
-    ran.unwrap();
 }
 
 #[tokio::test]

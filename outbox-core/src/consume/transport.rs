@@ -149,6 +149,14 @@ pub trait Transport: Send + Sync {
         let _ = receipt;
         async { Ok(()) }
     }
+
+    /// Called once when the driver stops, after the last ack: makes durable the acks a transport batches
+    /// (Kafka commits its acked offsets), waiting a bounded time so that shutdown stays bounded. An error is
+    /// logged by the driver, not returned: what it could not make durable is delivered again (the inbox
+    /// absorbs it). The default does nothing (each ack was final).
+    fn flush(&self) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
 }
 
 /// Moving dead letters back to where they were first published, so a fixed consumer applies them (its

@@ -15,7 +15,8 @@
 //! | driver call | on Kafka |
 //! |---|---|
 //! | `fetch(max, wait)` | waits up to `wait` for the first message, then drains what librdkafka has ready, up to `max` |
-//! | `ack` | marks the offset done and commits (synchronously) only the **contiguous** done prefix of its partition: the lowest offset handed out and not acked yet, or one past the highest when all are acked; an ack of offset 7 while 5 is held commits nothing past 5 |
+//! | `ack` | marks the offset done; only the **contiguous** done prefix of each partition is committed (the lowest offset handed out and not acked yet, or one past the highest when all are acked; an ack of offset 7 while 5 is held commits nothing past 5), by a commit that runs beside the driver, one at a time, at most every [`DEFAULT_COMMIT_INTERVAL`] (see [`KafkaTransport::with_commit_interval`]); an ack never waits for the broker |
+//! | `flush` (shutdown) | a last commit of the acked prefix, waiting at most [`DEFAULT_COMMIT_TIMEOUT`] ([`KafkaTransport::with_commit_timeout`]) |
 //! | `release` | leaves the offset uncommitted: the message is delivered again after a restart or a rebalance, from the last commit (with the acked messages after it, which the inbox absorbs); not within this session |
 //! | `dead_letter` | produces the original key, payload and headers plus the dead-letter headers to `<origin topic>.dlq` ([`DEFAULT_DEAD_LETTER_SUFFIX`], see [`KafkaTransport::with_dead_letter_suffix`]) and awaits the delivery report (`acks=all`); the topic is created at first use (admin client, as many partitions as the origin topic, the broker's default replication), since brokers may not auto-create topics |
 //! | `Delivery::deliveries` | always 1: Kafka does not count deliveries, so after a restart the driver's count towards `max_deliveries` starts again |
@@ -24,6 +25,13 @@
 //! [`KafkaTransport::replay_dead_letters`] reads the dead-letter topics as consumer group
 //! `<group>.replay` ([`REPLAY_GROUP_SUFFIX`]), produces each letter back to its origin topic with the
 //! original key and headers, and commits the replay group past it after the delivery report.
+//!
+//! **Commits.** A commit that fails or goes unanswered (a hung group coordinator) holds up nothing: the
+//! driver goes on consuming and acking, [`KafkaTransport::commit_stats`] counts it (unanswered after the
+//! commit timeout; failed once librdkafka gives up on it, after `socket.timeout.ms`), and the next commit
+//! carries its offsets and the later ones. What a crash leaves uncommitted (at
+//! most about one commit interval of acks, or more while the coordinator hangs) is delivered again and
+//! absorbed by the inbox. When partitions are revoked, their acked prefix is committed first.
 //!
 //! **Order under retries.** The publisher keys records by aggregate id, so one aggregate is one partition,
 //! in order. The driver holds a message waiting for a retry, and the later messages of its aggregate
@@ -78,4 +86,4 @@ pub use config::{
     Subscription, bootstrap_servers, default_destination, validate_topic,
 };
 pub use publisher::KafkaPublisher;
-pub use transport::{KafkaReceipt, KafkaTransport};
+pub use transport::{DEFAULT_COMMIT_INTERVAL, DEFAULT_COMMIT_TIMEOUT, KafkaCommitStats, KafkaReceipt, KafkaTransport};

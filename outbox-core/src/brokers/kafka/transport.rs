@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -24,6 +24,14 @@ use crate::error::{Error, Result};
 
 /// How long a dead letter (or a replayed message) may wait for its delivery report.
 const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default [`KafkaTransport::with_commit_interval`]: acked offsets reach the broker within about this
+/// long (plus a fetch wait), in one commit per interval rather than one per message.
+pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The default [`KafkaTransport::with_commit_timeout`]: a commit unanswered this long is counted and logged,
+/// and the final commit at shutdown waits at most this long. Below the 10 s a shutdown is commonly given.
+pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What [`KafkaTransport`] needs to settle one message: where it is, and its key and raw headers (kept
 /// on a dead letter).
@@ -46,7 +54,7 @@ impl KafkaReceipt {
 }
 
 /// One assigned partition: the offsets handed to the driver and not acked yet, the highest offset handed
-/// out, and the offset committed last.
+/// out, and the highest offset the broker confirmed a commit of.
 #[derive(Debug)]
 struct Partition {
     generation: u64,
@@ -66,13 +74,57 @@ impl Partition {
     }
 }
 
+/// What the commits did so far, for [`KafkaTransport::commit_stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KafkaCommitStats {
+    /// Commits the broker confirmed.
+    pub committed: u64,
+    /// Commits that failed (the broker refused, the coordinator was unreachable, the final commit failed).
+    /// Nothing is lost: a later commit carries the same offsets, or they are delivered again.
+    pub failed: u64,
+    /// Commits left unanswered for the commit timeout (librdkafka ends them later, and they count as failed
+    /// then), including a final commit at shutdown that was given up on.
+    pub timed_out: u64,
+}
+
 #[derive(Debug, Default)]
 struct Progress {
     partitions: HashMap<(String, i32), Partition>,
     generations: u64,
+    /// When the last background commit was sent.
+    last_sent: Option<Instant>,
+    /// Whether that commit is still unanswered.
+    awaiting: bool,
+    /// Whether it was counted as timed out already.
+    overdue: bool,
+    stats: KafkaCommitStats,
 }
 
 impl Progress {
+    /// The partitions whose commit point moved past what the broker confirmed, with those points.
+    fn due(&self) -> Vec<(String, i32, i64)> {
+        self.partitions
+            .iter()
+            .filter_map(|((topic, partition), state)| {
+                let point = state.commit_point()?;
+                state.committed.is_none_or(|c| point > c).then(|| (topic.clone(), *partition, point))
+            })
+            .collect()
+    }
+
+    /// Records what the broker confirmed: per partition, the offset of a successful commit (never lowering
+    /// what is known).
+    fn confirmed(&mut self, offsets: &TopicPartitionList) {
+        for element in offsets.elements() {
+            if let (Offset::Offset(offset), Ok(())) = (element.offset(), element.error())
+                && let Some(state) = self.partitions.get_mut(&(element.topic().to_owned(), element.partition()))
+            {
+                state.committed = Some(state.committed.map_or(offset, |c| c.max(offset)));
+            }
+        }
+    }
+
     fn partition(&mut self, topic: &str, partition: i32) -> &mut Partition {
         let next = self.generations + 1;
         let entry = self.partitions.entry((topic.to_owned(), partition)).or_insert_with(|| Partition {
@@ -88,8 +140,8 @@ impl Progress {
     }
 }
 
-/// The consumer's context: logs through `tracing`, and on a revocation drops the progress of the revoked
-/// partitions (their new owner starts from the last commit).
+/// The consumer's context: logs through `tracing`, and on a revocation commits what was acked of the
+/// revoked partitions and drops their progress (their new owner starts from the last commit).
 struct TransportContext {
     progress: Arc<Mutex<Progress>>,
 }
@@ -105,9 +157,25 @@ impl ClientContext for TransportContext {
 }
 
 impl ConsumerContext for TransportContext {
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(revoked) = rebalance {
             let mut progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+            // Commit what was acked before the partitions go, so their new owner redelivers less. Sent
+            // asynchronously: a hung coordinator must not stall the rebalance; if it fails, the new owner
+            // redelivers from the last commit (the inbox absorbs the copies).
+            let due: Vec<(String, i32, i64)> = progress
+                .due()
+                .into_iter()
+                .filter(|(topic, partition, _)| {
+                    revoked.elements().iter().any(|e| e.topic() == topic && e.partition() == *partition)
+                })
+                .collect();
+            if let Some(list) = offsets_list(&due)
+                && let Err(error) = consumer.commit(&list, CommitMode::Async)
+            {
+                progress.stats.failed += 1;
+                tracing::warn!(messaging.system = "kafka", %error, ?due, "commit of revoked partitions not sent; their new owner redelivers from the last commit");
+            }
             for element in revoked.elements() {
                 progress.partitions.remove(&(element.topic().to_owned(), element.partition()));
             }
@@ -129,11 +197,26 @@ impl ConsumerContext for TransportContext {
         }
     }
 
+    /// Only logs: the transport's own commits report their outcome where they are sent (librdkafka does
+    /// not deliver this callback for them); this sees the revocation commit's answer, when there is one.
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        if let Err(error) = result {
-            tracing::warn!(messaging.system = "kafka", %error, ?offsets, "offset commit failed");
+        match result {
+            Ok(()) => tracing::trace!(messaging.system = "kafka", ?offsets, "offsets committed"),
+            Err(error) => tracing::warn!(messaging.system = "kafka", %error, ?offsets, "offset commit failed"),
         }
     }
+}
+
+/// `(topic, partition, offset)`s as a list to commit; `None` when there is nothing to commit.
+fn offsets_list(offsets: &[(String, i32, i64)]) -> Option<TopicPartitionList> {
+    let mut list = TopicPartitionList::with_capacity(offsets.len());
+    for (topic, partition, offset) in offsets {
+        if let Err(error) = list.add_partition_offset(topic, *partition, Offset::Offset(*offset)) {
+            // Only an invalid offset is refused here, which a commit point never is.
+            tracing::warn!(messaging.system = "kafka", %error, topic, partition, offset, "offset left out of a commit");
+        }
+    }
+    (list.count() > 0).then_some(list)
 }
 
 /// Consumes a Kafka [`Subscription`] for the [`Consumer`](crate::Consumer) driver: manual commits of the
@@ -148,8 +231,8 @@ pub struct KafkaTransport {
     admin: AdminClient<KafkaContext>,
     pub(super) delivery_timeout: Duration,
     progress: Arc<Mutex<Progress>>,
-    /// Held while a commit is computed and sent, so commits of one partition never go backwards.
-    commits: AsyncMutex<()>,
+    commit_interval: Duration,
+    commit_timeout: Duration,
     /// Dead-letter topics known to exist; held while one is created, so two dead letters never create
     /// the same topic at once (a broker that handles concurrent creates badly could lose the first
     /// letter).
@@ -176,7 +259,8 @@ impl KafkaTransport {
     /// see [`with_dead_letter_suffix`](Self::with_dead_letter_suffix)).
     ///
     /// Defaults: `auto.offset.reset=earliest`. Always: `enable.auto.commit=false`,
-    /// `enable.auto.offset.store=false` (offsets are committed by [`ack`](Transport::ack)). An invalid
+    /// `enable.auto.offset.store=false` (the transport commits the acked prefix itself, see
+    /// [`with_commit_interval`](Self::with_commit_interval)). An invalid
     /// bootstrap, an empty group, a subscription naming no topic or an invalid topic, a dead-letter topic
     /// name Kafka would refuse, or a setting librdkafka rejects is an [`Error::InvalidConfig`]. Nothing is
     /// contacted here. Must be called inside a Tokio runtime.
@@ -245,7 +329,8 @@ impl KafkaTransport {
             admin,
             delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
             progress,
-            commits: AsyncMutex::new(()),
+            commit_interval: DEFAULT_COMMIT_INTERVAL,
+            commit_timeout: DEFAULT_COMMIT_TIMEOUT,
             dead_topics: AsyncMutex::new(HashSet::new()),
             dead_letters: AsyncMutex::new(()),
         })
@@ -257,6 +342,96 @@ impl KafkaTransport {
         check_dead_letter_suffix(suffix, &self.subscription.topics())?;
         self.dead_letter_suffix = suffix.to_owned();
         Ok(self)
+    }
+
+    /// Acked offsets are committed at most once per `interval` (default [`DEFAULT_COMMIT_INTERVAL`]), by a
+    /// commit started from an ack or a fetch that runs beside them, one at a time, so neither waits for the
+    /// broker: a slow or hung group coordinator delays commits, never consumption. A smaller interval means fewer redeliveries after a
+    /// crash, a larger one fewer commit requests. A zero interval is an [`Error::InvalidConfig`].
+    pub fn with_commit_interval(mut self, interval: Duration) -> Result<Self> {
+        if interval.is_zero() {
+            return Err(Error::invalid_config("commit_interval", "is zero; it would send a commit per ack"));
+        }
+        self.commit_interval = interval;
+        Ok(self)
+    }
+
+    /// How long a commit may go unanswered before it is counted in [`KafkaCommitStats::timed_out`] and
+    /// logged, and how long the final commit at shutdown ([`Transport::flush`]) waits (default
+    /// [`DEFAULT_COMMIT_TIMEOUT`]). librdkafka itself ends an unanswered request after `socket.timeout.ms`
+    /// (60 s by default); the next commit then carries its offsets. A zero timeout is an
+    /// [`Error::InvalidConfig`].
+    pub fn with_commit_timeout(mut self, timeout: Duration) -> Result<Self> {
+        if timeout.is_zero() {
+            return Err(Error::invalid_config("commit_timeout", "is zero; no commit could be answered in time"));
+        }
+        self.commit_timeout = timeout;
+        Ok(self)
+    }
+
+    /// What the offset commits did so far.
+    pub fn commit_stats(&self) -> KafkaCommitStats {
+        self.progress.lock().unwrap_or_else(PoisonError::into_inner).stats
+    }
+
+    /// Starts a commit of the acked prefix of every partition that moved, unless one went out less than
+    /// the commit interval ago or one is still unanswered. Never waits for the broker: the commit runs on a
+    /// thread of its own (a synchronous librdkafka commit, so its outcome is known: librdkafka does not
+    /// report asynchronous ones to this client), which records the outcome. An unanswered commit is counted
+    /// as timed out after the commit timeout; librdkafka ends it after `socket.timeout.ms` (60 s by
+    /// default), and the next commit carries the offsets it had, and later ones.
+    fn commit_due(&self) {
+        let (list, due) = {
+            let mut progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            if let Some(sent) = progress.last_sent {
+                let since = now.saturating_duration_since(sent);
+                if progress.awaiting {
+                    if since >= self.commit_timeout && !progress.overdue {
+                        progress.overdue = true;
+                        progress.stats.timed_out += 1;
+                        tracing::warn!(
+                            messaging.system = "kafka",
+                            timeout = ?self.commit_timeout,
+                            "offset commit unanswered; consuming goes on, and the next commit carries its offsets"
+                        );
+                    }
+                    return;
+                }
+                if since < self.commit_interval {
+                    return;
+                }
+            }
+            let due = progress.due();
+            let Some(list) = offsets_list(&due) else { return };
+            progress.last_sent = Some(now);
+            progress.awaiting = true;
+            progress.overdue = false;
+            (list, due)
+        };
+        let (consumer, progress) = (self.consumer.clone(), self.progress.clone());
+        let spawned = std::thread::Builder::new().name("outbox-kafka-commit".to_owned()).spawn(move || {
+            let result = consumer.commit(&list, CommitMode::Sync);
+            let mut progress = progress.lock().unwrap_or_else(PoisonError::into_inner);
+            progress.awaiting = false;
+            match result {
+                Ok(()) => {
+                    progress.stats.committed += 1;
+                    progress.confirmed(&list);
+                    tracing::trace!(messaging.system = "kafka", ?due, "offsets committed");
+                }
+                Err(error) => {
+                    progress.stats.failed += 1;
+                    tracing::warn!(messaging.system = "kafka", %error, ?due, "offset commit failed; the next one carries these offsets");
+                }
+            }
+        });
+        if let Err(error) = spawned {
+            let mut progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+            progress.awaiting = false;
+            progress.stats.failed += 1;
+            tracing::warn!(messaging.system = "kafka", %error, "offset commit not started (no thread); the next one carries its offsets");
+        }
     }
 
     /// What this transport reads.
@@ -395,8 +570,12 @@ impl Transport for KafkaTransport {
         self.subscription.topics().join(",")
     }
 
-    /// Waits up to `wait` for the first message, then takes what librdkafka has ready, up to `max`.
+    /// Sends a commit when one is due ([`with_commit_interval`](KafkaTransport::with_commit_interval)), waits
+    /// up to `wait` for the first message, then takes what librdkafka has ready, up to `max`.
     async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery<KafkaReceipt>>> {
+        // Acks that came after the last commit go out here at the latest (a fetch also serves the commit
+        // callbacks).
+        self.commit_due();
         let first = match tokio::time::timeout(wait, self.consumer.recv()).await {
             Err(_) | Ok(Err(KafkaError::PartitionEOF(_))) => return Ok(Vec::new()),
             Ok(Err(error)) => return Err(Error::broker(BROKER, format!("receive from {}", self.source()), error)),
@@ -417,10 +596,10 @@ impl Transport for KafkaTransport {
         Ok(batch)
     }
 
-    /// Marks the offset done and commits (synchronously) the contiguous done prefix of its partition: an
-    /// ack of offset 7 while 5 is held commits nothing past 5.
+    /// Marks the offset done; the contiguous done prefix of its partition is committed in the background
+    /// ([`with_commit_interval`](KafkaTransport::with_commit_interval)): an ack of offset 7 while 5 is held
+    /// commits nothing past 5. Never waits for the broker, so a hung commit cannot hold up consumption.
     async fn ack(&self, receipt: &KafkaReceipt) -> Result<()> {
-        let what = || format!("commit past {}/{} offset {}", receipt.topic, receipt.partition, receipt.offset);
         {
             let mut progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
             match progress.partitions.get_mut(&(receipt.topic.clone(), receipt.partition)) {
@@ -430,38 +609,61 @@ impl Transport for KafkaTransport {
                 _ => {
                     return Err(Error::broker(
                         BROKER,
-                        what(),
+                        format!("ack {}/{} offset {}", receipt.topic, receipt.partition, receipt.offset),
                         "the partition was revoked since (rebalance): its new owner redelivers the message from the last commit",
                     ));
                 }
             }
         }
-        let _serial = self.commits.lock().await;
-        let point = {
-            let progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
-            let Some(state) = progress.partitions.get(&(receipt.topic.clone(), receipt.partition)) else {
-                return Ok(());
-            };
-            match state.commit_point() {
-                Some(point) if state.committed.is_none_or(|c| point > c) => point,
-                _ => return Ok(()),
-            }
-        };
-        let mut list = TopicPartitionList::new();
-        list.add_partition_offset(&receipt.topic, receipt.partition, Offset::Offset(point))
-            .map_err(|e| Error::broker(BROKER, what(), e))?;
-        let consumer = self.consumer.clone();
-        tokio::task::spawn_blocking(move || consumer.commit(&list, CommitMode::Sync))
-            .await
-            .map_err(|e| Error::broker(BROKER, what(), e))?
-            .map_err(|e| Error::broker(BROKER, what(), e))?;
-        let mut progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(state) = progress.partitions.get_mut(&(receipt.topic.clone(), receipt.partition))
-            && state.generation == receipt.generation
-        {
-            state.committed = Some(state.committed.map_or(point, |c| c.max(point)));
-        }
+        self.commit_due();
         Ok(())
+    }
+
+    /// Commits the acked prefix of every partition that moved since the last confirmed commit and waits
+    /// for the broker's answer, at most the commit timeout
+    /// ([`with_commit_timeout`](KafkaTransport::with_commit_timeout)). On a timeout or a failure the
+    /// messages after the last commit are delivered again after the restart (the inbox absorbs them).
+    async fn flush(&self) -> Result<()> {
+        let due = self.progress.lock().unwrap_or_else(PoisonError::into_inner).due();
+        let Some(list) = offsets_list(&due) else { return Ok(()) };
+        let what = || format!("final offset commit of {due:?}");
+        // A thread of its own rather than the blocking pool: librdkafka may keep it until its own request
+        // timeout, and a runtime shutting down waits for its blocking tasks.
+        let (sender, answer) = tokio::sync::oneshot::channel();
+        let consumer = self.consumer.clone();
+        let committing = list.clone();
+        std::thread::Builder::new()
+            .name("outbox-kafka-commit".to_owned())
+            .spawn(move || {
+                let _ = sender.send(consumer.commit(&committing, CommitMode::Sync));
+            })
+            .map_err(|e| Error::broker(BROKER, what(), e))?;
+        let outcome = tokio::time::timeout(self.commit_timeout, answer).await;
+        let mut progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+        match outcome {
+            Ok(Ok(Ok(()))) => {
+                progress.stats.committed += 1;
+                progress.confirmed(&list);
+                tracing::debug!(messaging.system = "kafka", ?due, "final offsets committed");
+                Ok(())
+            }
+            Ok(Ok(Err(error))) => {
+                progress.stats.failed += 1;
+                Err(Error::broker(BROKER, what(), error))
+            }
+            Ok(Err(_)) => {
+                progress.stats.failed += 1;
+                Err(Error::broker(BROKER, what(), "the commit thread ended without an answer"))
+            }
+            Err(_) => {
+                progress.stats.timed_out += 1;
+                Err(Error::broker(
+                    BROKER,
+                    what(),
+                    format!("no answer within {:?} (commit_timeout)", self.commit_timeout),
+                ))
+            }
+        }
     }
 
     /// Leaves the offset uncommitted: nothing past it is committed, so it is delivered again after a
@@ -523,5 +725,30 @@ mod tests {
         let generation = state.generation;
         progress.partitions.clear();
         assert!(progress.partition("t", 0).generation > generation, "a reassigned partition is a new generation");
+    }
+
+    #[test]
+    fn only_partitions_past_their_confirmed_commit_are_due_and_confirmations_never_go_back() {
+        let mut progress = Progress::default();
+        for (partition, offsets) in [(0, [3, 4]), (1, [10, 11])] {
+            let state = progress.partition("t", partition);
+            state.outstanding.extend(offsets);
+            state.highest = offsets.iter().max().copied();
+        }
+        progress.partition("t", 0).outstanding.remove(&3);
+        let mut due = progress.due();
+        due.sort();
+        assert_eq!(due, [("t".to_owned(), 0, 4), ("t".to_owned(), 1, 10)]);
+
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset("t", 0, Offset::Offset(4)).unwrap();
+        progress.confirmed(&list);
+        assert_eq!(progress.due(), [("t".to_owned(), 1, 10)], "partition 0 is confirmed at its point");
+        let mut older = TopicPartitionList::new();
+        older.add_partition_offset("t", 0, Offset::Offset(2)).unwrap();
+        progress.confirmed(&older);
+        assert_eq!(progress.partition("t", 0).committed, Some(4), "a late, older answer does not lower it");
+        progress.partition("t", 0).outstanding.remove(&4);
+        assert!(progress.due().contains(&("t".to_owned(), 0, 5)), "all acked: one past the highest");
     }
 }
