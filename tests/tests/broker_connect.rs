@@ -62,7 +62,7 @@ async fn a_broker_that_stays_down_is_given_up_on_with_the_attempts_said() {
     proxy.cut();
     let attempts = Arc::new(AtomicU32::new(0));
     let url = format!("redis://127.0.0.1:{}", proxy.port());
-    let error = connect(url, fast(Some(Duration::from_millis(500))), attempts.clone()).await.err().expect("gave up");
+    let error = connect(url, fast(Some(Duration::from_millis(500))), attempts.clone()).await.expect_err("gave up");
     let message = error.to_string();
     assert!(message.contains("gave up after") && message.contains("attempts over"), "{message}");
     assert!(attempts.load(Ordering::SeqCst) >= 2, "{message}");
