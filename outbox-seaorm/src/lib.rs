@@ -5,7 +5,7 @@
 //!
 //! ## Quick start
 //! An event type, a service whose methods write their rows and events in one transaction, a handler
-//! that applies each event once, and a relay (README.md has the whole app, with a broker):
+//! that applies each event once, and a relay (README.md has the whole app, with a broker; docs/ is the guide):
 //! ```no_run
 //! use outbox_seaorm::{
 //!     DomainEvent, InMemoryPublisher, Relay, RelayConfig, SeaOrmStore, emit, idempotent_handler,
@@ -58,7 +58,7 @@
 //! | | PostgreSQL | MySQL 8 / MariaDB 10.6+ | SQLite |
 //! |---|---|---|---|
 //! | several relays at once | yes, `SKIP LOCKED` | yes, `SKIP LOCKED` | they take turns (`BEGIN IMMEDIATE`) |
-//! | enqueue while a relay publishes | never waits for the publish | same (no gap locks) | waits for the relay's transaction (use lease mode) |
+//! | enqueue while a relay publishes | never waits for the publish | same (no gap locks) | never waits with the default claim, a lease; an explicit `ClaimMode::Transaction` waits for the publish |
 //! | inbox dedup | `ON CONFLICT DO NOTHING` | `INSERT IGNORE` | `ON CONFLICT DO NOTHING` |
 //! | claim statements | 3 | 4 (plain read, then locks by primary key) | 2 |
 //! | concurrent writers of one aggregate | commit in order (row lock) | commit in order (row lock) | one writer at a time |

@@ -1,5 +1,5 @@
-//! Every way the README offers to create the outbox tables works on one database, in either order, and
-//! again: an app's own `Migrator` with `outbox_seaorm::migrations()` added (bookkeeping in
+//! Every way the guide (docs/transactions.md) offers to create the outbox tables works on one database, in
+//! either order, and again: an app's own `Migrator` with `outbox_seaorm::migrations()` added (bookkeeping in
 //! `seaql_migrations`), and `outbox_seaorm::migrate` (what `outbox migrate` runs; bookkeeping in
 //! `outbox_seaorm_migrations`), also from several pools at once. The schema comes out the same each way.
 
