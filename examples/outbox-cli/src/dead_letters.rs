@@ -57,7 +57,7 @@ pub enum DeadLettersCommand {
         #[command(flatten)]
         source: SourceArgs,
         /// Consumers to report even with no dead letter (repeat, or comma-separate).
-        #[arg(long = "consumer", env = "OUTBOX_CONSUMER", value_delimiter = ',')]
+        #[arg(long = "consumer", env = "OUTBOX_CONSUMER", value_delimiter = ',', value_name = "CONSUMER")]
         consumers: Vec<String>,
         #[command(flatten)]
         output: JsonArgs,
@@ -98,7 +98,7 @@ pub struct SourceArgs {
     #[arg(long, env = "OUTBOX_STREAM")]
     stream: Option<String>,
     /// Kafka: the topics consumed (dead letters in `<topic>.dlq`), repeat or comma-separate.
-    #[arg(long = "topic", env = "OUTBOX_TOPIC", value_delimiter = ',')]
+    #[arg(long = "topic", env = "OUTBOX_TOPIC", value_delimiter = ',', value_name = "TOPIC")]
     topics: Vec<String>,
     /// RabbitMQ: the queue consumed (dead letters in `<queue>.dead`).
     #[arg(long, env = "OUTBOX_QUEUE")]
@@ -123,10 +123,10 @@ pub struct SourceArgs {
 pub struct LetterFilterArgs {
     /// Only letters these consumers dead-lettered (the outbox_dead_consumer header; repeat, or
     /// comma-separate).
-    #[arg(long = "consumer", env = "OUTBOX_CONSUMER", value_delimiter = ',')]
+    #[arg(long = "consumer", env = "OUTBOX_CONSUMER", value_delimiter = ',', value_name = "CONSUMER")]
     consumers: Vec<String>,
     /// Only these event types (repeat, or comma-separate).
-    #[arg(long = "event-type", env = "OUTBOX_EVENT_TYPE", value_delimiter = ',')]
+    #[arg(long = "event-type", env = "OUTBOX_EVENT_TYPE", value_delimiter = ',', value_name = "TYPE")]
     event_types: Vec<String>,
     /// Only this aggregate type.
     #[arg(long, env = "OUTBOX_AGGREGATE_TYPE")]
@@ -138,13 +138,13 @@ pub struct LetterFilterArgs {
     #[arg(long, env = "OUTBOX_ERROR_CONTAINS")]
     error_contains: Option<String>,
     /// Only letters dead-lettered longer ago than this.
-    #[arg(long, env = "OUTBOX_OLDER_THAN", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_OLDER_THAN", value_parser = duration::parse, value_name = "DURATION")]
     older_than: Option<Duration>,
     /// Only letters dead-lettered less long ago than this.
-    #[arg(long, env = "OUTBOX_NEWER_THAN", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_NEWER_THAN", value_parser = duration::parse, value_name = "DURATION")]
     newer_than: Option<Duration>,
     /// Only these dead letters, by id as listed (repeat, or comma-separate).
-    #[arg(long = "id", env = "OUTBOX_ID", value_delimiter = ',')]
+    #[arg(long = "id", env = "OUTBOX_ID", value_delimiter = ',', value_name = "ID")]
     ids: Vec<String>,
     /// Every dead letter: `replay` and `discard` need a filter or this.
     #[arg(long, env = "OUTBOX_DEAD_ALL")]

@@ -50,7 +50,7 @@ impl From<serde_json::Error> for CliError {
     version,
     about = "Run and operate the transactional outbox of a SeaORM app",
     after_help = "Every flag can also be set from the OUTBOX_* variable shown with it; the database URL comes \
-                  from DATABASE_URL."
+                  from DATABASE_URL. A DURATION is a number and a unit: 500ms, 10s, 5m, 2h, 7d."
 )]
 struct Cli {
     #[command(flatten)]
@@ -77,7 +77,7 @@ struct DbArgs {
     #[arg(long, env = "OUTBOX_SCHEMA", global = true, value_parser = parse_schema)]
     schema: Option<String>,
     /// How long to wait for a database connection.
-    #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", value_parser = duration::parse, global = true)]
+    #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", value_parser = duration::parse, value_name = "DURATION", global = true)]
     connect_timeout: Duration,
 }
 
@@ -147,16 +147,16 @@ struct RelayShape {
     #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
     max_attempts: i32,
     /// The first retry delay; it doubles per attempt up to --backoff-max.
-    #[arg(long, env = "OUTBOX_BACKOFF_INITIAL", default_value = "1s", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_BACKOFF_INITIAL", default_value = "1s", value_parser = duration::parse, value_name = "DURATION")]
     backoff_initial: Duration,
     /// The longest retry delay.
-    #[arg(long, env = "OUTBOX_BACKOFF_MAX", default_value = "5m", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_BACKOFF_MAX", default_value = "5m", value_parser = duration::parse, value_name = "DURATION")]
     backoff_max: Duration,
     /// A publish that takes longer fails.
-    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value = "10s", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
     publish_timeout: Duration,
     /// Lease mode: claim rows for this long and publish outside any transaction (for slow brokers).
-    #[arg(long, env = "OUTBOX_LEASE", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_LEASE", value_parser = duration::parse, value_name = "DURATION")]
     lease: Option<Duration>,
 }
 
@@ -206,7 +206,7 @@ struct RelayArgs {
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 100)]
     batch_size: u32,
     /// Sleep between passes when nothing was due.
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "500ms", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "500ms", value_parser = duration::parse, value_name = "DURATION")]
     poll_interval: Duration,
     /// Relay tasks in this process.
     #[arg(long, env = "OUTBOX_RELAYS", default_value_t = 1)]
@@ -215,13 +215,13 @@ struct RelayArgs {
     #[arg(long, env = "OUTBOX_SKIP_DEAD")]
     skip_dead: bool,
     /// Delete published outbox rows older than this.
-    #[arg(long, env = "OUTBOX_OUTBOX_RETENTION", default_value = "7d", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_OUTBOX_RETENTION", default_value = "7d", value_parser = duration::parse, value_name = "DURATION")]
     outbox_retention: Duration,
     /// Delete inbox rows older than this (default: keep them); must exceed the redelivery horizon.
-    #[arg(long, env = "OUTBOX_INBOX_RETENTION", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_INBOX_RETENTION", value_parser = duration::parse, value_name = "DURATION")]
     inbox_retention: Option<Duration>,
     /// Time between cleanups.
-    #[arg(long, env = "OUTBOX_CLEANUP_INTERVAL", default_value = "5m", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_CLEANUP_INTERVAL", default_value = "5m", value_parser = duration::parse, value_name = "DURATION")]
     cleanup_interval: Duration,
     /// Most rows per cleanup statement.
     #[arg(long, env = "OUTBOX_CLEANUP_BATCH_SIZE", default_value_t = 1000)]
@@ -230,19 +230,19 @@ struct RelayArgs {
     #[arg(long, env = "OUTBOX_NO_CLEANUP")]
     no_cleanup: bool,
     /// Time between backlog samples.
-    #[arg(long, env = "OUTBOX_STATS_INTERVAL", default_value = "15s", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_STATS_INTERVAL", default_value = "15s", value_parser = duration::parse, value_name = "DURATION")]
     stats_interval: Duration,
     /// Time between status lines in the log.
-    #[arg(long, env = "OUTBOX_STATUS_INTERVAL", default_value = "60s", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_STATUS_INTERVAL", default_value = "60s", value_parser = duration::parse, value_name = "DURATION")]
     status_interval: Duration,
     /// Serve /metrics (Prometheus text), /health/live and /health/ready on this address, e.g. 0.0.0.0:9090.
     #[arg(long, env = "OUTBOX_HTTP")]
     http: Option<std::net::SocketAddr>,
     /// /health/ready answers 503 once the oldest pending event is this old.
-    #[arg(long, env = "OUTBOX_READY_MAX_PENDING_AGE", default_value = "60s", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_READY_MAX_PENDING_AGE", default_value = "60s", value_parser = duration::parse, value_name = "DURATION")]
     ready_max_pending_age: Duration,
     /// /health/ready answers 503 when no relay pass succeeded for this long.
-    #[arg(long, env = "OUTBOX_READY_MAX_PASS_AGE", default_value = "30s", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_READY_MAX_PASS_AGE", default_value = "30s", value_parser = duration::parse, value_name = "DURATION")]
     ready_max_pass_age: Duration,
     /// PostgreSQL: LISTEN on the notify channel and pass as soon as another process commits outbox rows
     /// (install the trigger with `outbox notify install`); the poll stays the fallback.
@@ -286,7 +286,7 @@ enum DeadCommand {
 #[derive(Args)]
 struct FilterArgs {
     /// Only these event types (repeat, or comma-separate).
-    #[arg(long = "event-type", env = "OUTBOX_EVENT_TYPE", value_delimiter = ',')]
+    #[arg(long = "event-type", env = "OUTBOX_EVENT_TYPE", value_delimiter = ',', value_name = "TYPE")]
     event_types: Vec<String>,
     /// Only this aggregate type.
     #[arg(long, env = "OUTBOX_AGGREGATE_TYPE")]
@@ -298,13 +298,13 @@ struct FilterArgs {
     #[arg(long, env = "OUTBOX_ERROR_CONTAINS")]
     error_contains: Option<String>,
     /// Only events that died longer ago than this.
-    #[arg(long, env = "OUTBOX_OLDER_THAN", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_OLDER_THAN", value_parser = duration::parse, value_name = "DURATION")]
     older_than: Option<Duration>,
     /// Only events that died less long ago than this.
-    #[arg(long, env = "OUTBOX_NEWER_THAN", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_NEWER_THAN", value_parser = duration::parse, value_name = "DURATION")]
     newer_than: Option<Duration>,
     /// Only these event ids (repeat, or comma-separate).
-    #[arg(long = "id", env = "OUTBOX_ID", value_delimiter = ',')]
+    #[arg(long = "id", env = "OUTBOX_ID", value_delimiter = ',', value_name = "ID")]
     ids: Vec<String>,
     /// Every dead event: `replay` and `discard` need a filter or this.
     #[arg(long, env = "OUTBOX_DEAD_ALL")]
@@ -374,10 +374,10 @@ fn parse_id(id: &str) -> Result<EventId, CliError> {
 #[derive(Args)]
 struct CleanupArgs {
     /// Delete published outbox rows older than this.
-    #[arg(long, env = "OUTBOX_OUTBOX_RETENTION", default_value = "7d", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_OUTBOX_RETENTION", default_value = "7d", value_parser = duration::parse, value_name = "DURATION")]
     outbox_retention: Duration,
     /// Delete inbox rows older than this (default: keep them); must exceed the redelivery horizon.
-    #[arg(long, env = "OUTBOX_INBOX_RETENTION", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_INBOX_RETENTION", value_parser = duration::parse, value_name = "DURATION")]
     inbox_retention: Option<Duration>,
     /// Most rows per statement.
     #[arg(long, env = "OUTBOX_CLEANUP_BATCH_SIZE", default_value_t = 1000)]
@@ -386,7 +386,8 @@ struct CleanupArgs {
     /// delete every outbox row older than --outbox-retention, published or not. Never with a relay running.
     #[arg(long, env = "OUTBOX_CDC")]
     cdc: bool,
-    #[command(flatten)]
+    /// The relay's settings, to check --inbox-retention against the redelivery horizon they give.
+    #[command(flatten, next_help_heading = "Relay settings (for the --inbox-retention check)")]
     shape: RelayShape,
 }
 
@@ -395,7 +396,7 @@ struct CheckArgs {
     #[command(flatten)]
     output: JsonArgs,
     /// The largest clock difference between this host and the database that passes.
-    #[arg(long, env = "OUTBOX_MAX_CLOCK_SKEW", default_value = "2s", value_parser = duration::parse)]
+    #[arg(long, env = "OUTBOX_MAX_CLOCK_SKEW", default_value = "2s", value_parser = duration::parse, value_name = "DURATION")]
     max_clock_skew: Duration,
     /// The migration bookkeeping table (default: outbox_seaorm_migrations, then seaql_migrations).
     #[arg(long, env = "OUTBOX_MIGRATION_TABLE")]
@@ -628,7 +629,11 @@ async fn dead(db: &DatabaseConnection, command: DeadCommand) -> Result<(), CliEr
         }
         DeadCommand::Show { id } => match admin::show_dead(db, parse_id(&id)?).await? {
             Some(event) => println!("{}", serde_json::to_string_pretty(&event)?),
-            None => return Err(CliError::Refused(format!("no dead event has id {id}"))),
+            None => {
+                return Err(CliError::Refused(format!(
+                    "no dead event has id {id} (`outbox dead list` shows the dead ones; a pending or published event is not dead)"
+                )));
+            }
         },
         DeadCommand::Replay { filter } => {
             ready_to_write(db).await?;
