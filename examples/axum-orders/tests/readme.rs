@@ -24,7 +24,7 @@ fn guide() -> Vec<(String, String)> {
         .map(|entry| entry.expect("a readable docs/ entry").path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
         .map(|path| {
-            let name = format!("docs/{}", path.file_name().unwrap().to_string_lossy());
+            let name = format!("docs/{}", path.file_name().expect("a file").to_string_lossy());
             (name, std::fs::read_to_string(&path).expect("a readable page"))
         })
         .collect();
