@@ -108,7 +108,7 @@ pub use connect::{DEFAULT_CONNECT_TIMEOUT, SUPPORTED_SCHEMES, connect, connect_w
 pub use connection::OutboxConnection;
 pub use enqueue::{enqueue, enqueue_all, notify_committed};
 pub use error::InboxError;
-pub use inbox::handle_once;
+pub use inbox::{SeaOrmGroupCommit, handle_once};
 #[cfg(feature = "migrations")]
 pub use migration::{MIGRATE_LOCK_WAIT, Migrator, migrate, migrations};
 pub use store::{ClaimPlan, SeaOrmBatch, SeaOrmStore};

@@ -10,10 +10,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_seaorm::consume::{DeadLetter, Delivery, Transport};
+use outbox_seaorm::consume::{DeadLetter, Delivery, GroupCalls, GroupCommit, GroupOutcome, Transport};
 use outbox_seaorm::prelude::*;
 use outbox_seaorm::{
     Backoff, CancellationToken, Consumer, ConsumerConfig, ConsumerStats, NewEvent, Publisher, Received, RelayConfig,
+    SeaOrmGroupCommit,
 };
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use serde::{Deserialize, Serialize};
@@ -144,9 +145,17 @@ pub async fn effects(t: &TestDb, consumer: &str) -> Vec<(String, u64)> {
 #[derive(Clone, Default)]
 pub struct Applications(Arc<Mutex<Vec<(String, u64)>>>);
 
+tokio::task_local! {
+    /// First applications made inside the running group, recorded only if the group commits.
+    static STAGED: std::cell::RefCell<Vec<(String, u64)>>;
+}
+
 impl Applications {
     fn push(&self, item: &str, n: u64) {
-        self.0.lock().expect("applications").push((item.to_owned(), n));
+        let application = (item.to_owned(), n);
+        if STAGED.try_with(|staged| staged.borrow_mut().push(application.clone())).is_err() {
+            self.0.lock().expect("applications").push(application);
+        }
     }
 
     /// Everything recorded so far.
@@ -166,6 +175,30 @@ impl Applications {
     }
 }
 
+/// The suite's consumers commit in groups ([`SeaOrmGroupCommit`] on the case's database); the applications
+/// a group recorded count once its transaction committed.
+struct TrackedGroup {
+    db: SeaOrmGroupCommit,
+    applications: Applications,
+}
+
+impl GroupCommit for TrackedGroup {
+    fn run<'a>(&'a self, calls: GroupCalls<'a>) -> GroupOutcome<'a> {
+        Box::pin(async move {
+            let (outcome, staged) = STAGED
+                .scope(std::cell::RefCell::new(Vec::new()), async {
+                    let outcome = self.db.run(calls).await;
+                    (outcome, STAGED.with(std::cell::RefCell::take))
+                })
+                .await;
+            if matches!(outcome, Ok(true)) {
+                self.applications.0.lock().expect("applications").extend(staged);
+            }
+            outcome
+        })
+    }
+}
+
 /// Settings for tests: short backoff, short fetch waits.
 pub fn fast_config() -> ConsumerConfig {
     ConsumerConfig::default()
@@ -173,8 +206,9 @@ pub fn fast_config() -> ConsumerConfig {
         .with_fetch_wait(Duration::from_millis(300))
 }
 
-/// A consumer named `name` counting `Counted` events into `contract_effects`; `fail` decides, per
-/// delivery, whether the handler errors after writing its effect (which then rolls back).
+/// A consumer named `name` counting `Counted` events into `contract_effects`, in groups of up to
+/// `config.group_size` per transaction; `fail` decides, per delivery, whether the handler errors (before
+/// its effect; a failure inside a group rolls the group back).
 pub fn counting_consumer(
     t: &TestDb,
     name: &str,
@@ -197,7 +231,13 @@ pub fn counting_consumer(
             Ok::<_, String>(if first { outbox_seaorm::Handled::Processed } else { outbox_seaorm::Handled::Duplicate })
         }
     };
-    let consumer = Consumer::new(name).expect("name").with_config(config).expect("config").on::<Counted>(handler);
+    let group = TrackedGroup { db: SeaOrmGroupCommit::new(t.db.clone()), applications: applications.clone() };
+    let consumer = Consumer::new(name)
+        .expect("name")
+        .with_config(config)
+        .expect("config")
+        .with_group_commit(group)
+        .on::<Counted>(handler);
     (consumer, applications)
 }
 
@@ -333,6 +373,7 @@ pub mod cases {
         let stats = running.stop().await;
         assert_eq!(stats.processed, 40, "{}: {stats:?}", F::NAME);
         assert_eq!(stats.dead_lettered, 0, "{}: {stats:?}", F::NAME);
+        assert!(stats.groups > 0 && stats.groups < stats.processed, "{}: applied in groups: {stats:?}", F::NAME);
         assert_eq!(crate::count_inbox(&t, "rt").await, 40, "{}", F::NAME);
         applied.assert_in_order(F::NAME);
         fx.teardown().await;
@@ -361,6 +402,7 @@ pub mod cases {
         let unique: HashSet<_> = effects(&t, "rf").await.into_iter().collect();
         assert_eq!(unique.len(), 1_000, "{}: each event applied once", F::NAME);
         assert!(stats.retried > 0, "{}: the failures were injected: {stats:?}", F::NAME);
+        assert!(stats.group_rollbacks > 0, "{}: failures inside groups rolled them back: {stats:?}", F::NAME);
         assert_eq!(stats.dead_lettered, 0, "{}: {stats:?}", F::NAME);
         applied.assert_in_order(F::NAME);
         fx.teardown().await;

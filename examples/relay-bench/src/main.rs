@@ -57,6 +57,10 @@ struct Args {
     /// latency: measure a writer in another process, woken by LISTEN/NOTIFY against the poll (PostgreSQL).
     #[arg(long)]
     notify: bool,
+    /// Fail when a guarded ratio (hot/spread, burst/steady, lease/transaction, consumer/relay) is below
+    /// its floor.
+    #[arg(long)]
+    floors: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -142,6 +146,7 @@ async fn run() -> Result<()> {
         bail!("--rounds must be at least 1");
     }
     let budget = Duration::from_secs(args.max_seconds.unwrap_or(if args.quick { 2 } else { 120 }));
+    let mut below = Vec::new();
     for target in targets(args.backend.as_deref())? {
         let started = Instant::now();
         eprintln!("relay-bench: {} at {}", target.label(), target::redact(&target.url));
@@ -153,11 +158,17 @@ async fn run() -> Result<()> {
             out: args.out.clone(),
             plots: args.plots.clone(),
             notify: args.notify,
+            floors: args.floors,
+            below: std::sync::Mutex::default(),
         };
         for name in &names {
             scenarios::run(&ctx, name).await?;
         }
         eprintln!("relay-bench: {} done in {:.1?}", ctx.target.label(), started.elapsed());
+        below.extend(ctx.below.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner));
+    }
+    if !below.is_empty() {
+        bail!("ratios below their floors:\n  {}", below.join("\n  "));
     }
     Ok(())
 }

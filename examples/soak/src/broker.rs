@@ -17,7 +17,7 @@ use outbox_seaorm::brokers::rabbitmq::{DEFAULT_DEAD_LETTER_SUFFIX, RabbitPublish
 use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport};
 use outbox_seaorm::{
     BoxError, CancellationToken, Consumer, ConsumerConfig, Destination, InboxOutcome, OutboxEvent, PublishError,
-    Publisher, Received,
+    Publisher, Received, SeaOrmGroupCommit,
 };
 use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait, Value};
 
@@ -262,12 +262,17 @@ pub async fn consume_broker(
     url: &str,
     run_id: &str,
     consumers: u32,
+    group_size: usize,
     stop: CancellationToken,
 ) -> Result<(), SoakError> {
     let names = Names::of(run_id);
-    let config = ConsumerConfig::default().with_concurrency(consumers.max(1) as usize);
-    let consumer =
-        Consumer::new(CONSUMER)?.with_config(config)?.on::<SoakEvent>(move |received: Received<SoakEvent>| {
+    // On SQLite a group holds the write lock, which the handler's delivery record (on another connection)
+    // would wait for: one message per transaction there.
+    let group_size = if db.get_database_backend() == sea_orm::DbBackend::Sqlite { 1 } else { group_size };
+    let config = ConsumerConfig::default().with_concurrency(consumers.max(1) as usize).with_group_size(group_size);
+    let group = SeaOrmGroupCommit::new(db.clone());
+    let consumer = Consumer::new(CONSUMER)?.with_config(config)?.with_group_commit(group).on::<SoakEvent>(
+        move |received: Received<SoakEvent>| {
             let db = db.clone();
             async move {
                 let envelope = &received.envelope;
@@ -280,7 +285,8 @@ pub async fn consume_broker(
                 db.execute_raw(delivery).await?;
                 apply(&db, &event_id, &envelope.aggregate_id, envelope.aggregate_version).await.map(|_| ())
             }
-        });
+        },
+    );
     match BrokerKind::from_url(url)? {
         BrokerKind::Nats => {
             let transport = NatsTransport::connect(url, &names.name, CONSUMER, None).await?;

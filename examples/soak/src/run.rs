@@ -194,9 +194,9 @@ async fn soak_in(args: &SoakArgs, target: &Target, run_id: &str) -> Result<bool,
             }
         }
         Some(url) => {
-            let (db, url, run_id, n, stop) =
-                (db.clone(), url.clone(), run_id.to_owned(), args.consumers, stop_consumers.clone());
-            consumers.spawn(async move { consume_broker(db, &url, &run_id, n, stop).await });
+            let (db, url, run_id, n, group, stop) =
+                (db.clone(), url.clone(), run_id.to_owned(), args.consumers, args.group_size, stop_consumers.clone());
+            consumers.spawn(async move { consume_broker(db, &url, &run_id, n, group, stop).await });
         }
     }
 

@@ -9,6 +9,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use super::group::GroupCommit;
 use super::route::{Attempt, BoxFuture, Handled, Route};
 use super::transport::{DeadLetter, Delivery, Transport};
 use super::{Consumer, Counters};
@@ -62,11 +63,12 @@ impl<'a, T: Transport> Driver<'a, T> {
 
     async fn run(&self) -> Result<()> {
         let config = &self.consumer.config;
-        tracing::info!(handles = ?self.consumer.event_types(), "consumer started");
-        // A lane per aggregate: present while its head message is running; the queue holds the messages
-        // behind it, in delivery order.
-        let mut lanes: HashMap<String, VecDeque<Delivery<T::Receipt>>> = HashMap::new();
-        let mut running: FuturesUnordered<BoxFuture<'_, String>> = FuturesUnordered::new();
+        tracing::info!(handles = ?self.consumer.event_types(), group_commit = self.grouping().is_some(), "consumer started");
+        let mut lanes: HashMap<String, Lane<T::Receipt>> = HashMap::new();
+        // Lanes with queued messages and nothing running: the next to dispatch, oldest first.
+        let mut ready: VecDeque<String> = VecDeque::new();
+        let mut running: FuturesUnordered<BoxFuture<'_, Settled<T::Receipt>>> = FuturesUnordered::new();
+        let mut groups_running = 0usize;
         let mut fetch: Option<Fetch<'_, T::Receipt>> = None;
         let mut held = 0usize;
         let mut pause = Duration::ZERO;
@@ -74,6 +76,9 @@ impl<'a, T: Transport> Driver<'a, T> {
         let mut anonymous = 0u64;
         let mut stopping = false;
         loop {
+            if !stopping {
+                self.dispatch(&mut lanes, &mut ready, &mut running, &mut groups_running);
+            }
             if !stopping && fetch.is_none() && held < config.max_in_flight {
                 tracing::trace!(held, lanes = lanes.len(), running = running.len(), "fetching");
                 let max = config.batch_size.min(config.max_in_flight - held);
@@ -99,21 +104,50 @@ impl<'a, T: Transport> Driver<'a, T> {
                 () = self.shutdown.cancelled(), if !stopping => {
                     stopping = true;
                     tracing::info!(held, "consumer stopping: finishing running handlers, releasing the rest");
-                }
-                Some(lane) = running.next(), if !running.is_empty() => {
-                    held -= 1;
-                    let next = lanes.get_mut(&lane).and_then(VecDeque::pop_front);
-                    match next {
-                        Some(delivery) if !stopping => running.push(Box::pin(self.settle(delivery, lane))),
-                        Some(delivery) => {
-                            let rest = lanes.remove(&lane).unwrap_or_default();
-                            held -= 1 + rest.len();
-                            for delivery in std::iter::once(delivery).chain(rest) {
-                                self.release(&delivery).await;
+                    // Lanes with nothing running have nothing ahead of their messages to wait for.
+                    for lane in ready.drain(..) {
+                        if let Some(idle) = lanes.remove(&lane) {
+                            held -= idle.queue.len();
+                            for delivery in &idle.queue {
+                                self.release(delivery).await;
                             }
                         }
-                        None => {
+                    }
+                }
+                Some(settled) = running.next(), if !running.is_empty() => {
+                    let finished = match settled {
+                        Settled::One(lane) => {
+                            held -= 1;
+                            vec![(lane, Vec::new())]
+                        }
+                        Settled::Group { lanes: done, applied } => {
+                            groups_running -= 1;
+                            held -= applied;
+                            done
+                        }
+                    };
+                    for (lane, unsettled) in finished {
+                        let Some(state) = lanes.get_mut(&lane) else { continue };
+                        // What the group left goes first, in order, each message alone.
+                        state.alone += unsettled.len();
+                        for delivery in unsettled.into_iter().rev() {
+                            state.queue.push_front(delivery);
+                        }
+                        if stopping {
+                            let rest = lanes.remove(&lane).map(|l| l.queue).unwrap_or_default();
+                            held -= rest.len();
+                            for delivery in &rest {
+                                self.release(delivery).await;
+                            }
+                        } else if state.alone > 0 {
+                            state.alone -= 1;
+                            let delivery = state.queue.pop_front().expect("a message left by its group");
+                            running.push(Box::pin(self.settle_one(delivery, lane)));
+                        } else if state.queue.is_empty() {
                             lanes.remove(&lane);
+                        } else {
+                            state.busy = false;
+                            ready.push_back(lane);
                         }
                     }
                 }
@@ -139,13 +173,11 @@ impl<'a, T: Transport> Driver<'a, T> {
                             for delivery in batch {
                                 held += 1;
                                 let lane = lane_of(&delivery, &mut anonymous);
-                                match lanes.get_mut(&lane) {
-                                    Some(queue) => queue.push_back(delivery),
-                                    None => {
-                                        lanes.insert(lane.clone(), VecDeque::new());
-                                        running.push(Box::pin(self.settle(delivery, lane)));
-                                    }
+                                let state = lanes.entry(lane.clone()).or_default();
+                                if !state.busy && state.queue.is_empty() {
+                                    ready.push_back(lane);
                                 }
+                                state.queue.push_back(delivery);
                             }
                         }
                     }
@@ -157,6 +189,183 @@ impl<'a, T: Transport> Driver<'a, T> {
         }
         tracing::info!(stats = ?self.consumer.stats(), "consumer stopped");
         Ok(())
+    }
+
+    /// The group commit, when the consumer has one and groups of more than one message.
+    fn grouping(&self) -> Option<&'a dyn GroupCommit> {
+        let consumer: &'a Consumer = self.consumer;
+        consumer.group.as_deref().filter(|_| consumer.config.group_size > 1)
+    }
+
+    /// Starts work on the ready lanes: each lane's head alone, or, with a group commit, groups of up to
+    /// `group_size` messages (several of one lane, in order) while fewer than `concurrency` groups run.
+    fn dispatch<'s>(
+        &'s self,
+        lanes: &mut HashMap<String, Lane<T::Receipt>>,
+        ready: &mut VecDeque<String>,
+        running: &mut FuturesUnordered<BoxFuture<'s, Settled<T::Receipt>>>,
+        groups_running: &mut usize,
+    ) {
+        let config = &self.consumer.config;
+        let Some(group) = self.grouping() else {
+            for lane in ready.drain(..) {
+                let Some(state) = lanes.get_mut(&lane) else { continue };
+                let Some(delivery) = state.queue.pop_front() else { continue };
+                state.busy = true;
+                running.push(Box::pin(self.settle_one(delivery, lane)));
+            }
+            return;
+        };
+        while *groups_running < config.concurrency && !ready.is_empty() {
+            let mut taken = Vec::new();
+            let mut size = 0;
+            while size < config.group_size
+                && let Some(lane) = ready.pop_front()
+            {
+                let Some(state) = lanes.get_mut(&lane) else { continue };
+                let n = (config.group_size - size).min(state.queue.len());
+                state.busy = true;
+                size += n;
+                taken.push((lane, state.queue.drain(..n).collect::<Vec<_>>()));
+            }
+            if taken.is_empty() {
+                return;
+            }
+            *groups_running += 1;
+            running.push(Box::pin(self.settle_group(group, taken)));
+        }
+    }
+
+    /// One message alone, to its end; its lane.
+    async fn settle_one(&self, delivery: Delivery<T::Receipt>, lane: String) -> Settled<T::Receipt> {
+        Settled::One(self.settle(delivery, lane).await)
+    }
+
+    /// A group: every handler in one transaction, then the acks after its commit. A failure rolls the whole
+    /// group back (a database may have ended the transaction under it, as MySQL does on a deadlock), and
+    /// its messages go back to their lanes to run alone. A message that cannot run here (not decodable, a
+    /// newer version) stops its lane's part of the group; the rest of the group goes on.
+    async fn settle_group(
+        &self,
+        group: &dyn GroupCommit,
+        taken: Vec<(String, Vec<Delivery<T::Receipt>>)>,
+    ) -> Settled<T::Receipt> {
+        let mut outcomes: Vec<Vec<Applied>> = taken.iter().map(|_| Vec::new()).collect();
+        let committed = {
+            let _permit = self.permits.acquire().await;
+            let calls = async {
+                for ((_, deliveries), outcomes) in taken.iter().zip(outcomes.iter_mut()) {
+                    for delivery in deliveries {
+                        if self.shutdown.is_cancelled() {
+                            return true; // What ran commits; the rest is released.
+                        }
+                        match self.apply_in_group(delivery).await {
+                            Step::Applied(applied) => outcomes.push(applied),
+                            Step::Alone => break,
+                            Step::RollBack => return false,
+                        }
+                    }
+                }
+                true
+            };
+            group.run(Box::pin(calls)).await
+        };
+        let size: usize = taken.iter().map(|(_, d)| d.len()).sum();
+        match committed {
+            Ok(true) => Counters::add(&self.counters().groups),
+            Ok(false) => {
+                Counters::add(&self.counters().group_rollbacks);
+                tracing::debug!(size, "a handler of the group failed: rolled back, its messages run alone");
+                outcomes.iter_mut().for_each(Vec::clear);
+            }
+            Err(error) => {
+                Counters::add(&self.counters().group_rollbacks);
+                tracing::warn!(error = %one_line(&error.to_string()), size, "group commit failed; its messages run again alone (the inbox absorbs any that did commit)");
+                outcomes.iter_mut().for_each(Vec::clear);
+            }
+        }
+        let mut acks = Vec::new();
+        let mut lanes = Vec::with_capacity(taken.len());
+        let mut applied = 0;
+        for ((lane, mut deliveries), outcomes) in taken.into_iter().zip(outcomes) {
+            let rest = deliveries.split_off(outcomes.len());
+            applied += deliveries.len();
+            for (delivery, outcome) in deliveries.into_iter().zip(outcomes) {
+                self.count(outcome);
+                acks.push(delivery);
+            }
+            lanes.push((lane, rest));
+        }
+        // Pipelined: the group's acks go out together.
+        futures_util::future::join_all(acks.iter().map(|delivery| self.ack(delivery))).await;
+        Settled::Group { lanes, applied }
+    }
+
+    /// One message of a group, inside the group's transaction.
+    async fn apply_in_group(&self, delivery: &Delivery<T::Receipt>) -> Step {
+        let span = crate::telemetry::process_span(
+            self.transport.broker(),
+            &self.consumer.name,
+            &delivery.origin,
+            &delivery.headers,
+            delivery.deliveries,
+        );
+        async {
+            let (route, event) = match self.plan(delivery) {
+                Plan::Skip(event) => return Step::Applied(Applied::Skipped(event.event_type)),
+                Plan::Poison(_) => return Step::Alone,
+                Plan::Handle(route, event) => (route, event),
+            };
+            let event_type = event.event_type.clone();
+            match self.attempt(route, *event, delivery.deliveries).await {
+                Attempt::Done(handled) => Step::Applied(Applied::Handled(handled, event_type)),
+                Attempt::Newer(_) | Attempt::Poison(_) => Step::Alone,
+                Attempt::Failed(reason) => {
+                    tracing::debug!(reason = %one_line(&reason), "handler failed inside a group");
+                    Step::RollBack
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Counts a message its group committed.
+    fn count(&self, outcome: Applied) {
+        match outcome {
+            Applied::Handled(Handled::Processed, event_type) => {
+                Counters::add(&self.counters().processed);
+                crate::metrics::consumed(&self.consumer.name, &event_type, Consumed::Processed);
+            }
+            Applied::Handled(Handled::Duplicate, event_type) => {
+                Counters::add(&self.counters().duplicates);
+                crate::metrics::consumed(&self.consumer.name, &event_type, Consumed::Duplicate);
+            }
+            Applied::Skipped(event_type) => {
+                tracing::debug!(event_type = %one_line(&event_type), "no handler for this event type here; acked untouched");
+                Counters::add(&self.counters().skipped);
+                crate::metrics::consumer_dead_lettered_or_skipped(&self.consumer.name, false);
+            }
+        }
+    }
+
+    /// One handler call, bounded by `handler_timeout`, timed.
+    async fn attempt(&self, route: &dyn Route, event: OutboxEvent, delivery: u32) -> Attempt {
+        let started = Instant::now();
+        let limit = self.consumer.config.handler_timeout;
+        let event_type = event.event_type.clone();
+        let attempt = match tokio::time::timeout(limit, route.attempt(event, delivery)).await {
+            Ok(attempt) => attempt,
+            // Dropping the call rolls back the transaction it had open.
+            Err(_) => {
+                Counters::add(&self.counters().timed_out);
+                Attempt::Failed(format!(
+                    "the handler did not finish within {limit:?} (handler_timeout); abandoned, its transaction rolled back"
+                ))
+            }
+        };
+        crate::metrics::handler_duration(&self.consumer.name, &event_type, started.elapsed());
+        attempt
     }
 
     /// Takes one message to its end: acked (applied, duplicate, skipped, dead-lettered) or released
@@ -213,21 +422,7 @@ impl<'a, T: Transport> Driver<'a, T> {
         loop {
             let attempt = {
                 let _permit = self.permits.acquire().await;
-                let started = Instant::now();
-                let limit = self.consumer.config.handler_timeout;
-                let call = route.attempt(event.clone(), previous + failures + 1);
-                let attempt = match tokio::time::timeout(limit, call).await {
-                    Ok(attempt) => attempt,
-                    // Dropping the call rolls back the transaction it had open.
-                    Err(_) => {
-                        Counters::add(&self.counters().timed_out);
-                        Attempt::Failed(format!(
-                            "the handler did not finish within {limit:?} (handler_timeout); abandoned, its transaction rolled back"
-                        ))
-                    }
-                };
-                crate::metrics::handler_duration(&self.consumer.name, &event.event_type, started.elapsed());
-                attempt
+                self.attempt(route, event.clone(), previous + failures + 1).await
             };
             let reason = match attempt {
                 Attempt::Done(Handled::Processed) => {
@@ -353,6 +548,46 @@ impl<'a, T: Transport> Driver<'a, T> {
             tracing::debug!(%error, "release failed; the broker redelivers the message after its deadline");
         }
     }
+}
+
+/// The messages of one aggregate the driver holds.
+struct Lane<R> {
+    /// Waiting, in delivery order.
+    queue: VecDeque<Delivery<R>>,
+    /// Something of this lane is running (a message alone, or part of a group).
+    busy: bool,
+    /// Messages at the head of `queue` a rolled-back group left, to run alone before grouping again.
+    alone: usize,
+}
+
+impl<R> Default for Lane<R> {
+    fn default() -> Self {
+        Lane { queue: VecDeque::new(), busy: false, alone: 0 }
+    }
+}
+
+/// What finished running.
+enum Settled<R> {
+    /// A message alone; its lane.
+    One(String),
+    /// A group: per lane, the messages it did not settle (to run alone, in order); how many it settled.
+    Group { lanes: Vec<(String, Vec<Delivery<R>>)>, applied: usize },
+}
+
+/// A message its group applied, counted once the group commits.
+enum Applied {
+    Handled(Handled, String),
+    Skipped(String),
+}
+
+/// What happened to one message inside a group.
+enum Step {
+    /// Applied (or skipped) inside the group's transaction.
+    Applied(Applied),
+    /// Cannot be settled here (dead letter, newer version): it and the rest of its lane run alone.
+    Alone,
+    /// The handler failed: roll the group back.
+    RollBack,
 }
 
 /// The lane of a message: its aggregate, or a lane of its own when it has no envelope.

@@ -24,6 +24,7 @@
 
 mod dead_letters;
 mod driver;
+mod group;
 #[cfg(any(feature = "nats", feature = "redis"))]
 pub(crate) mod held;
 mod route;
@@ -35,6 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use dead_letters::{DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters};
+pub use group::{GroupCalls, GroupCommit, GroupOutcome};
 pub use route::{EventHandler, Handled, Received};
 pub use transport::{
     DeadLetter, Delivery, MAX_DEAD_REASON_LEN, ReplayDeadLetters, Replayable, Transport, dead_header, replayable,
@@ -70,6 +72,10 @@ pub struct ConsumerConfig {
     /// database transaction rolls back), counted in [`ConsumerStats::timed_out`] and retried like a
     /// failure; it also bounds how long shutdown waits for a running handler.
     pub handler_timeout: Duration,
+    /// Most messages applied in one transaction when the consumer has a [`GroupCommit`] (default 32; 1
+    /// applies each message in its own transaction). Groups form from the messages ready when a slot is
+    /// free, so a quiet consumer does not wait to fill one.
+    pub group_size: usize,
 }
 
 impl Default for ConsumerConfig {
@@ -83,6 +89,7 @@ impl Default for ConsumerConfig {
             fetch_wait: Duration::from_secs(1),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             handler_timeout: Duration::from_secs(30),
+            group_size: 32,
         }
     }
 }
@@ -113,6 +120,9 @@ impl ConsumerConfig {
         }
         if self.max_payload_bytes == 0 {
             return Err(Error::invalid_config("max_payload_bytes", "is 0"));
+        }
+        if self.group_size == 0 || self.group_size > 10_000 {
+            return Err(Error::invalid_config("group_size", "must be between 1 and 10000 (1 turns grouping off)"));
         }
         if self.handler_timeout.is_zero() || self.handler_timeout > Duration::from_secs(24 * 3600) {
             return Err(Error::invalid_config("handler_timeout", "must be between 1 ms and a day"));
@@ -162,6 +172,12 @@ impl ConsumerConfig {
         self
     }
 
+    /// Sets [`group_size`](Self::group_size).
+    pub fn with_group_size(mut self, size: usize) -> Self {
+        self.group_size = size;
+        self
+    }
+
     /// Sets [`handler_timeout`](Self::handler_timeout).
     pub fn with_handler_timeout(mut self, timeout: Duration) -> Self {
         self.handler_timeout = timeout;
@@ -191,6 +207,11 @@ pub struct ConsumerStats {
     /// Handler calls abandoned after [`ConsumerConfig::handler_timeout`] (each also counts as retried, or
     /// ends in a dead letter when it was the last delivery allowed).
     pub timed_out: u64,
+    /// Groups committed with a [`GroupCommit`] (their messages count in `processed` and `duplicates`).
+    pub groups: u64,
+    /// Groups rolled back because one of their handlers failed, or whose commit failed: their messages ran
+    /// again alone.
+    pub group_rollbacks: u64,
 }
 
 #[derive(Debug, Default)]
@@ -204,6 +225,8 @@ struct Counters {
     released: AtomicU64,
     ack_failures: AtomicU64,
     timed_out: AtomicU64,
+    groups: AtomicU64,
+    group_rollbacks: AtomicU64,
 }
 
 impl Counters {
@@ -223,6 +246,8 @@ impl Counters {
             released: get(&self.released),
             ack_failures: get(&self.ack_failures),
             timed_out: get(&self.timed_out),
+            groups: get(&self.groups),
+            group_rollbacks: get(&self.group_rollbacks),
         }
     }
 }
@@ -241,6 +266,7 @@ pub struct Consumer {
     name: String,
     config: ConsumerConfig,
     routes: HashMap<&'static str, Box<dyn Route>>,
+    group: Option<Box<dyn GroupCommit>>,
     counters: Arc<Counters>,
 }
 
@@ -252,6 +278,7 @@ impl std::fmt::Debug for Consumer {
             .field("name", &self.name)
             .field("config", &self.config)
             .field("handles", &types)
+            .field("group_commit", &self.group.is_some())
             .finish()
     }
 }
@@ -266,6 +293,7 @@ impl Consumer {
             name: name.to_owned(),
             config: ConsumerConfig::default(),
             routes: HashMap::new(),
+            group: None,
             counters: Arc::default(),
         })
     }
@@ -283,6 +311,23 @@ impl Consumer {
         if self.routes.insert(E::NAME, Box::new(Typed::<E, _>::new(handler))).is_some() {
             tracing::warn!(consumer = %self.name, event_type = E::NAME, "a second handler replaced the first");
         }
+        self
+    }
+
+    /// Applies messages in groups, each in one transaction committed once (see [`GroupCommit`]): up to
+    /// [`ConsumerConfig::group_size`] messages per commit instead of one. Per-aggregate order and
+    /// exactly-once effects hold as without it; acks follow the group's commit.
+    ///
+    /// ```no_run
+    /// # use outbox_runtime::consume::{GroupCalls, GroupCommit, GroupOutcome};
+    /// # struct Db; impl GroupCommit for Db { fn run<'a>(&'a self, c: GroupCalls<'a>) -> GroupOutcome<'a> { Box::pin(async { Ok(c.await) }) } }
+    /// # fn demo(db: Db) -> outbox_runtime::Result<()> {
+    /// // With outbox-seaorm: `.with_group_commit(SeaOrmGroupCommit::new(db.clone()))`.
+    /// let consumer = outbox_runtime::Consumer::new("billing")?.with_group_commit(db);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_group_commit(mut self, group: impl GroupCommit) -> Self {
+        self.group = Some(Box::new(group));
         self
     }
 

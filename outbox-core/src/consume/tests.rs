@@ -348,3 +348,143 @@ fn a_zero_handler_timeout_is_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("handler_timeout"), "{err}");
 }
+
+tokio::task_local! {
+    /// What the handlers of the running group wrote, applied only when the group commits.
+    static STAGED: std::cell::RefCell<Vec<(String, u64)>>;
+}
+
+/// A group commit over an in-memory "database": writes made inside a group are staged and become applied
+/// on commit, dropped on rollback; outside a group they apply at once.
+#[derive(Clone, Default)]
+struct StagedDb {
+    applied: std::sync::Arc<Mutex<Vec<(String, u64)>>>,
+    commits: std::sync::Arc<Mutex<Vec<usize>>>,
+    rollbacks: std::sync::Arc<Mutex<u32>>,
+}
+
+impl StagedDb {
+    fn write(&self, item: &str, n: u64) {
+        let staged = STAGED.try_with(|s| s.borrow_mut().push((item.to_owned(), n)));
+        if staged.is_err() {
+            self.applied.lock().unwrap().push((item.to_owned(), n));
+        }
+    }
+
+    fn applied(&self) -> Vec<(String, u64)> {
+        self.applied.lock().unwrap().clone()
+    }
+}
+
+impl GroupCommit for StagedDb {
+    fn run<'a>(&'a self, calls: GroupCalls<'a>) -> GroupOutcome<'a> {
+        Box::pin(async move {
+            let (commit, staged) = STAGED
+                .scope(std::cell::RefCell::new(Vec::new()), async {
+                    let commit = calls.await;
+                    (commit, STAGED.with(|s| s.take()))
+                })
+                .await;
+            if commit {
+                self.commits.lock().unwrap().push(staged.len());
+                self.applied.lock().unwrap().extend(staged);
+            } else {
+                *self.rollbacks.lock().unwrap() += 1;
+            }
+            Ok(commit)
+        })
+    }
+}
+
+/// Each item's `n` in the order applied, and no `(item, n)` twice.
+fn assert_once_in_order(applied: &[(String, u64)], items: usize, per_item: u64) {
+    assert_eq!(applied.len(), items * per_item as usize, "{applied:?}");
+    for i in 0..items {
+        let item = format!("i{i}");
+        let ns: Vec<u64> = applied.iter().filter(|(it, _)| *it == item).map(|(_, n)| *n).collect();
+        assert_eq!(ns, (0..per_item).collect::<Vec<_>>(), "aggregate {item}");
+    }
+}
+
+fn ticks(items: usize, per_item: u64) -> Vec<Raw> {
+    (0..per_item).flat_map(|n| (0..items).map(move |i| message("tick", 2, &format!("i{i}"), n))).collect()
+}
+
+#[tokio::test]
+async fn a_group_applies_many_messages_in_one_commit_in_order_and_acks_after_it() {
+    let db = StagedDb::default();
+    let writes = db.clone();
+    let consumer = Consumer::new("c")
+        .unwrap()
+        .with_config(fast().with_batch_size(64).with_group_size(32))
+        .unwrap()
+        .with_group_commit(db.clone())
+        .on::<Tick>(move |r: Received<Tick>| {
+            writes.write(&r.event.item, r.event.n);
+            async { Ok::<_, std::io::Error>(()) }
+        });
+    let transport = Memory::with(ticks(5, 40));
+    run_until(&consumer, &transport, |s| s.processed == 200).await;
+    let stats = consumer.stats();
+    assert_once_in_order(&db.applied(), 5, 40);
+    let commits = db.commits.lock().unwrap().clone();
+    assert_eq!(commits.iter().sum::<usize>(), 200, "every message applied inside a group: {commits:?}");
+    assert!(commits.iter().any(|&n| n > 1), "groups of more than one message: {commits:?}");
+    assert!(commits.iter().all(|&n| n <= 32), "no group above group_size: {commits:?}");
+    assert_eq!(stats.groups, commits.len() as u64, "{stats:?}");
+    assert_eq!(transport.acked.lock().unwrap().len(), 200);
+}
+
+#[tokio::test]
+async fn a_failing_handler_rolls_its_group_back_and_every_message_then_applies_once_alone_in_order() {
+    let db = StagedDb::default();
+    let writes = db.clone();
+    let consumer = Consumer::new("c")
+        .unwrap()
+        .with_config(fast().with_batch_size(64).with_group_size(16).with_max_deliveries(5))
+        .unwrap()
+        .with_group_commit(db.clone())
+        .on::<Tick>(move |r: Received<Tick>| {
+            // Fails on the first delivery of every 7th event: the writes of its group's neighbours, made
+            // before it, must not stay (they apply again, alone).
+            let fail = r.event.n % 7 == 3 && r.delivery == 1;
+            if !fail {
+                writes.write(&r.event.item, r.event.n);
+            }
+            async move { if fail { Err("injected".to_owned()) } else { Ok(()) } }
+        });
+    let transport = Memory::with(ticks(4, 30));
+    run_until(&consumer, &transport, |s| s.processed == 120).await;
+    let stats = consumer.stats();
+    assert_once_in_order(&db.applied(), 4, 30);
+    assert!(*db.rollbacks.lock().unwrap() >= 1, "{stats:?}");
+    assert_eq!(stats.group_rollbacks, u64::from(*db.rollbacks.lock().unwrap()), "{stats:?}");
+    assert_eq!(stats.dead_lettered, 0, "{stats:?}");
+    assert_eq!(transport.acked.lock().unwrap().len(), 120);
+}
+
+#[tokio::test]
+async fn poison_and_unknown_messages_in_a_group_do_not_roll_it_back() {
+    let db = StagedDb::default();
+    let writes = db.clone();
+    let consumer = Consumer::new("c").unwrap().with_config(fast()).unwrap().with_group_commit(db.clone()).on::<Tick>(
+        move |r: Received<Tick>| {
+            writes.write(&r.event.item, r.event.n);
+            async { Ok::<_, std::io::Error>(()) }
+        },
+    );
+    let mut messages = ticks(3, 2);
+    messages.insert(2, (BTreeMap::new(), b"junk".to_vec()));
+    messages.insert(4, message("other", 1, "i1", 9));
+    let transport = Memory::with(messages);
+    run_until(&consumer, &transport, |s| s.processed == 6 && s.dead_lettered == 1 && s.skipped == 1).await;
+    assert_once_in_order(&db.applied(), 3, 2);
+    assert_eq!(*db.rollbacks.lock().unwrap(), 0);
+    assert_eq!(transport.acked.lock().unwrap().len(), 8);
+}
+
+#[test]
+fn a_zero_group_size_is_refused() {
+    let err = Consumer::new("c").unwrap().with_config(ConsumerConfig::default().with_group_size(0)).unwrap_err();
+    assert!(err.to_string().contains("group_size"), "{err}");
+}

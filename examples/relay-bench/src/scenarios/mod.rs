@@ -2,6 +2,7 @@
 
 pub mod commit_rate;
 pub mod compose;
+pub mod consume;
 pub mod enqueue_tax;
 pub mod latency;
 pub mod nats;
@@ -23,7 +24,7 @@ use crate::report::Run;
 use crate::target::Target;
 
 /// Every scenario name, in run order.
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 17] = [
     "aggregates",
     "backlog",
     "batch",
@@ -39,6 +40,7 @@ pub const ALL: [&str; 16] = [
     "commit-rate",
     "rss",
     "nats",
+    "consume",
     "telemetry",
 ];
 
@@ -58,12 +60,35 @@ pub struct Ctx {
     pub plots: Option<PathBuf>,
     /// The latency scenario measures the cross-process LISTEN/NOTIFY wake-up (PostgreSQL).
     pub notify: bool,
+    /// Check each guarded ratio against its floor ([`Ctx::floor`]).
+    pub floors: bool,
+    /// The ratios found below their floor.
+    pub below: std::sync::Mutex<Vec<String>>,
 }
 
 impl Ctx {
     /// `full` in full mode, `quick` in quick mode.
     pub fn size(&self, full: usize, quick: usize) -> usize {
         if self.quick { quick } else { full }
+    }
+
+    /// With `--floors`: prints `ratio` against `floor` and records it when below, so that a regression of
+    /// a guarded ratio fails the run (CI runs `--quick --floors`). The floors sit well under the measured
+    /// figures (BENCHMARKS.md): they catch a regression, not noise.
+    pub fn floor(&self, what: &str, ratio: f64, floor: f64) {
+        if !self.floors {
+            return;
+        }
+        let ok = ratio >= floor;
+        println!(
+            "floor: {what} ({}): {ratio:.2} against a floor of {floor:.2}: {}",
+            self.target.label(),
+            if ok { "ok" } else { "BELOW" }
+        );
+        if !ok {
+            let line = format!("{what} ({}): {ratio:.2} < {floor:.2}", self.target.label());
+            self.below.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line);
+        }
     }
 
     /// Title prefix naming the backend.
@@ -91,6 +116,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> Result<()> {
         "commit-rate" => commit_rate::run(ctx).await,
         "rss" => rss::run(ctx).await,
         "nats" => nats::run(ctx).await,
+        "consume" => consume::run(ctx).await,
         "telemetry" => telemetry::run(ctx).await,
         other => anyhow::bail!("unknown scenario {other:?}; expected one of {}", ALL.join(", ")),
     }
@@ -280,6 +306,13 @@ pub async fn alternate_with(ctx: &Ctx, n: usize, run: impl AsyncFn(usize) -> Res
         }
     }
     Ok(runs)
+}
+
+/// The median of the per-round ratios `runs[i] / baseline[i]` (each pair ran back to back, so a slow
+/// stretch of the machine cancels out), rather than the ratio of the medians.
+pub fn round_ratio(runs: &[Run], baseline: &[Run]) -> f64 {
+    let ratios: Vec<f64> = runs.iter().zip(baseline).map(|(r, b)| r.rate() / b.rate().max(f64::MIN_POSITIVE)).collect();
+    crate::report::summary(&ratios).0
 }
 
 /// The median rate of `runs`.

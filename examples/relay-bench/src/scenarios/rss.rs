@@ -85,7 +85,17 @@ async fn child(ctx: &Ctx, what: &str, events: usize) -> Result<ChildReport> {
 
 /// The child side: drain the backlog the parent left (never resets anything), then print one line.
 pub async fn drain_only(target: Target, what: &str, events: u64, budget: std::time::Duration) -> Result<()> {
-    let ctx = Ctx { target, quick: false, rounds: 1, budget, out: None, plots: None, notify: false };
+    let ctx = Ctx {
+        target,
+        quick: false,
+        rounds: 1,
+        budget,
+        out: None,
+        plots: None,
+        notify: false,
+        floors: false,
+        below: std::sync::Mutex::default(),
+    };
     let run = match what {
         "ours" => drain_ours(&ctx, &config(1000), 1, NullPublisher, events).await?,
         "raw-ceiling" => {

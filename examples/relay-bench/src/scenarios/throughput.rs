@@ -8,7 +8,7 @@ use outbox_seaorm::{ClaimMode, OutboxEvent, PublishError, Publisher, Relay, SeaO
 
 use super::{
     Ctx, NullPublisher, Shape, Variant, alternate, alternate_with, config, drain_ours, drain_untimed, fill_ours,
-    median_rate,
+    median_rate, round_ratio,
 };
 use crate::baselines::Baseline;
 use crate::report::{RATE_HEADER, Run, Series, Table, plot};
@@ -25,6 +25,7 @@ pub async fn aggregates(ctx: &Ctx) -> Result<()> {
     let mut table =
         Table::new(ctx.title(&format!("aggregates: {events} events, batch 1000, 1 relay, events/s")), &RATE_HEADER);
     let mut series: Vec<Series> = variants.iter().map(|v| Series { label: v.name(), points: Vec::new() }).collect();
+    let mut ours = Vec::new();
     for aggregates in [10_000, 1000, 100, 10, 1] {
         let shape = Shape { events, aggregates };
         let list: Vec<_> = variants.iter().map(|v| (v.clone(), shape, 1)).collect();
@@ -35,7 +36,13 @@ pub async fn aggregates(ctx: &Ctx) -> Result<()> {
             table.rate_row(&format!("{aggregates} aggregates"), &variant.name(), runs, base, "events/s");
             series[i].points.push((aggregates as f64, median_rate(runs)));
         }
+        ours.push(runs[1].clone());
     }
+    let hot_floor = match ctx.target.backend {
+        sea_orm::DbBackend::MySql => 0.2,
+        _ => 0.7,
+    };
+    ctx.floor("hot aggregate / 10,000 aggregates", round_ratio(&ours[4], &ours[0]), hot_floor);
     table.note("seed001 always uses the article's LIMIT 100. raw-ceiling and the seeds keep no per-aggregate order.");
     table.emit(ctx.out.as_deref())?;
     if let Some(dir) = &ctx.plots {
@@ -109,6 +116,7 @@ pub async fn lease(ctx: &Ctx) -> Result<()> {
     );
     table.rate_row("claim mode", "ours (transaction)", &runs[0], None, "events/s");
     table.rate_row("claim mode", "ours (lease 60 s)", &runs[1], Some(median_rate(&runs[0])), "events/s");
+    ctx.floor("lease / transaction claims", round_ratio(&runs[1], &runs[0]), 0.45);
     table.emit(ctx.out.as_deref())
 }
 
@@ -301,6 +309,7 @@ pub async fn burst_after_analyze(ctx: &Ctx) -> Result<()> {
         "events/s",
     );
     table.note("Statistics: VACUUM ANALYZE (PostgreSQL) / ANALYZE TABLE (MySQL) / ANALYZE (SQLite) of every table.");
+    ctx.floor("burst after analyze / analyzed with the burst", round_ratio(&runs[1], &runs[0]), 0.4);
     table.emit(ctx.out.as_deref())
 }
 

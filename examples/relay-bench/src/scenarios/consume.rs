@@ -1,0 +1,252 @@
+//! Consumers at relay speed: one backlog relayed to a real broker, then consumed by the consume driver
+//! with an inbox and an effect row on the bench database, one transaction per message and then with
+//! group commit. Each round relays a fresh backlog to fresh destinations and reads it twice (one consumer
+//! group per variant), so the three figures of a round are on the same messages. Per broker: NATS
+//! JetStream, Redis Streams and RabbitMQ; each is skipped, with the reason printed, when it does not answer.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport};
+use outbox_seaorm::brokers::rabbitmq::{DEFAULT_ROUTING_KEY, RabbitPublisher, RabbitTransport};
+use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport};
+use outbox_seaorm::consume::Transport;
+use outbox_seaorm::{
+    CancellationToken, Consumer, ConsumerConfig, Destination, DomainEvent, Publisher, Received, SeaOrmGroupCommit,
+};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use serde::{Deserialize, Serialize};
+
+use super::{Ctx, config, drain_ours, round_ratio};
+use crate::report::{RATE_HEADER, Run, Table, ratio};
+
+/// The floor of the group-commit consumer's rate over the relay's (`--floors`).
+const CONSUMER_FLOOR: f64 = 0.3;
+
+/// The event the scenario relays and consumes.
+#[derive(DomainEvent, Serialize, Deserialize, Clone, Debug)]
+#[domain_event(name = "bench.order_placed", version = 1, aggregate = "order")]
+struct OrderPlaced {
+    #[aggregate_id]
+    order_id: String,
+    total_minor: i64,
+}
+
+/// The brokers, each with where it answers.
+const BROKERS: [(&str, &str); 3] =
+    [("NATS JetStream", "127.0.0.1:4222"), ("Redis Streams", "127.0.0.1:6379"), ("RabbitMQ", "127.0.0.1:5672")];
+
+/// Runs the scenario on every broker that answers.
+pub async fn run(ctx: &Ctx) -> Result<()> {
+    let events = ctx.size(20_000, 3_000);
+    let aggregates = ctx.size(1_000, 300);
+    for (name, address) in BROKERS {
+        let probe = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await;
+        if !matches!(probe, Ok(Ok(_))) {
+            println!("\nconsume through {name}: skipped: nothing answers on {address}");
+            continue;
+        }
+        let mut runs: [Vec<Run>; 3] = Default::default();
+        for round in 0..ctx.rounds {
+            let db = ctx.target.fresh().await?;
+            let sql = "CREATE TABLE bench_effects (order_id VARCHAR(64) NOT NULL, total_minor BIGINT NOT NULL)";
+            db.execute_unprepared(sql).await.context("create bench_effects")?;
+            fill(&db, events, aggregates).await?;
+            let tag = chrono::Utc::now().timestamp_micros().to_string();
+            let (relayed, broker) = relay(ctx, name, &tag, events as u64).await?;
+            runs[0].push(relayed);
+            // The two consumers take turns going first.
+            let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+            for group in order {
+                let run = consume_from(&broker, &tag, &db, group, events as u64).await.with_context(|| {
+                    format!("round {} ({})", round + 1, if group { "grouped" } else { "one by one" })
+                })?;
+                runs[if group { 2 } else { 1 }].push(run);
+            }
+            broker.cleanup(&tag).await;
+            db.close().await.context("close")?;
+        }
+        let relay_median = super::median_rate(&runs[0]);
+        let mut table = Table::new(
+            ctx.title(&format!(
+                "consume through {name}: {events} events over {aggregates} aggregates, inbox + effect row, events/s"
+            )),
+            &RATE_HEADER,
+        );
+        table.rate_row("relay", "batch 1000, to the broker", &runs[0], None, "events/s");
+        table.rate_row("consumer", "one transaction per message", &runs[1], Some(relay_median), "events/s");
+        table.rate_row("consumer", "group commit (up to 32 per commit)", &runs[2], Some(relay_median), "events/s");
+        let grouped = round_ratio(&runs[2], &runs[0]);
+        table.note(format!(
+            "Consumer / relay, median of per-round ratios: one per transaction {}, group commit {}.",
+            ratio(round_ratio(&runs[1], &runs[0])),
+            ratio(grouped),
+        ));
+        table.emit(ctx.out.as_deref())?;
+        ctx.floor(&format!("group-commit consumer / relay through {name}"), grouped, CONSUMER_FLOOR);
+    }
+    Ok(())
+}
+
+const NATS_URL: &str = "nats://127.0.0.1:4222";
+const REDIS_URL: &str = "redis://127.0.0.1:6379";
+const RABBIT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// The consumer groups of a round: one transaction per message, and grouped.
+const GROUPS: [&str; 2] = ["bench-one", "bench-group"];
+
+/// The broker a round relayed to, kept to read it back and delete what the round created.
+enum Broker {
+    Nats(NatsPublisher),
+    Redis,
+    Rabbit,
+}
+
+impl Broker {
+    fn nats_stream(tag: &str) -> String {
+        format!("OUTBOX_BENCH_CONSUME_{tag}")
+    }
+
+    fn redis_stream(tag: &str) -> String {
+        format!("outbox-bench-consume:{tag}")
+    }
+
+    fn rabbit_queue(tag: &str, group: &str) -> String {
+        format!("outbox-bench-consume-{tag}-{group}")
+    }
+
+    async fn cleanup(&self, tag: &str) {
+        if let Broker::Nats(publisher) = self
+            && let Err(error) = publisher.jetstream().delete_stream(Self::nats_stream(tag)).await
+        {
+            eprintln!("consume: deleting stream {}: {error}", Self::nats_stream(tag));
+        }
+        // A round's Redis stream and RabbitMQ queues are read to the end; they are small and left.
+    }
+}
+
+/// Relays the backlog to fresh destinations through the broker's publisher (the consumers' queues bound
+/// first, on RabbitMQ); timed.
+async fn relay(ctx: &Ctx, broker: &str, tag: &str, expected: u64) -> Result<(Run, Broker)> {
+    match broker {
+        "NATS JetStream" => {
+            let prefix = format!("outbox_bench_consume_{tag}");
+            let destination = Destination::parse(&format!("{prefix}.{{event_type}}")).context("destination")?;
+            let publisher = NatsPublisher::connect(NATS_URL, destination).await?;
+            publisher.ensure_stream(&Broker::nats_stream(tag), &[&format!("{prefix}.>")]).await?;
+            Ok((drain(ctx, publisher.clone(), expected).await?, Broker::Nats(publisher)))
+        }
+        "Redis Streams" => {
+            let destination = Destination::fixed(&Broker::redis_stream(tag)).context("destination")?;
+            let publisher = RedisPublisher::connect(REDIS_URL, destination).await?;
+            Ok((drain(ctx, publisher, expected).await?, Broker::Redis))
+        }
+        _ => {
+            let exchange = format!("outbox-bench-consume-{tag}");
+            let routing_key = Destination::parse(DEFAULT_ROUTING_KEY).context("routing key")?;
+            let publisher = RabbitPublisher::connect(RABBIT_URL, &exchange, routing_key).await?;
+            for group in GROUPS {
+                publisher.declare_queue(&exchange, &Broker::rabbit_queue(tag, group), "#").await?;
+            }
+            Ok((drain(ctx, Arc::new(publisher), expected).await?, Broker::Rabbit))
+        }
+    }
+}
+
+async fn drain<P: Publisher + Clone + 'static>(ctx: &Ctx, publisher: P, expected: u64) -> Result<Run> {
+    let run = drain_ours(ctx, &config(1000), 1, publisher, expected).await?;
+    if run.done < expected {
+        bail!("the relay published {} of {expected} events within the time budget", run.done);
+    }
+    Ok(run)
+}
+
+/// Reads the round's messages back as consumer group `GROUPS[group]`; timed.
+async fn consume_from(broker: &Broker, tag: &str, db: &DatabaseConnection, group: bool, expected: u64) -> Result<Run> {
+    let name = GROUPS[usize::from(group)];
+    match broker {
+        Broker::Nats(_) => {
+            let transport = NatsTransport::connect(NATS_URL, &Broker::nats_stream(tag), name, None).await?;
+            consume(db, transport, name, group, expected).await
+        }
+        Broker::Redis => {
+            let transport = RedisTransport::connect(REDIS_URL, &Broker::redis_stream(tag), name, "c1").await?;
+            consume(db, transport, name, group, expected).await
+        }
+        Broker::Rabbit => {
+            let transport = RabbitTransport::connect(RABBIT_URL, &Broker::rabbit_queue(tag, name), name).await?;
+            consume(db, transport, name, group, expected).await
+        }
+    }
+}
+
+/// `events` events over `aggregates` aggregates, enqueued 5000 per transaction.
+async fn fill(db: &DatabaseConnection, events: usize, aggregates: usize) -> Result<()> {
+    let all: Vec<_> = (0..events)
+        .map(|i| OrderPlaced { order_id: format!("o{}", i % aggregates), total_minor: i as i64 }.to_new_event())
+        .collect::<Result<_, _>>()
+        .context("build events")?;
+    for chunk in all.chunks(5000) {
+        outbox_seaorm::enqueue_all(db, chunk).await.context("enqueue")?;
+    }
+    Ok(())
+}
+
+/// Consumes until `expected` events are applied (inbox row + effect row), timed from the start.
+async fn consume<T: Transport + 'static>(
+    db: &DatabaseConnection,
+    transport: T,
+    name: &str,
+    group: bool,
+    expected: u64,
+) -> Result<Run> {
+    let handler_db = db.clone();
+    let consumer_name = name.to_owned();
+    let backend = db.get_database_backend();
+    let handler = move |received: Received<OrderPlaced>| {
+        let (db, consumer_name) = (handler_db.clone(), consumer_name.clone());
+        async move {
+            let id = received.envelope.id.to_string();
+            let insert = effect(backend, &received.event);
+            outbox_seaorm::handle_once(&db, &consumer_name, &id, async |txn| txn.execute_raw(insert).await).await
+        }
+    };
+    let config = ConsumerConfig::default().with_group_size(if group { 32 } else { 1 });
+    let mut consumer = Consumer::new(name)?.with_config(config)?.on::<OrderPlaced>(handler);
+    if group {
+        consumer = consumer.with_group_commit(SeaOrmGroupCommit::new(db.clone()));
+    }
+    let consumer = Arc::new(consumer);
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let task = {
+        let (consumer, shutdown) = (consumer.clone(), shutdown.clone());
+        tokio::spawn(async move { consumer.run(&transport, shutdown).await })
+    };
+    let budget = Duration::from_secs(600);
+    let mut timed_out = false;
+    while consumer.stats().processed + consumer.stats().duplicates < expected {
+        if started.elapsed() > budget || task.is_finished() {
+            timed_out = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    shutdown.cancel();
+    task.await.context("consumer task panicked")??;
+    let stats = consumer.stats();
+    if stats.dead_lettered > 0 {
+        bail!("the bench consumer dead-lettered messages: {stats:?}");
+    }
+    Ok(Run { done: stats.processed, secs, timed_out })
+}
+
+/// The effect of one event.
+fn effect(backend: DbBackend, event: &OrderPlaced) -> Statement {
+    let sql = match backend {
+        DbBackend::Postgres => "INSERT INTO bench_effects (order_id, total_minor) VALUES ($1, $2)",
+        _ => "INSERT INTO bench_effects (order_id, total_minor) VALUES (?, ?)",
+    };
+    Statement::from_sql_and_values(backend, sql, [event.order_id.clone().into(), event.total_minor.into()])
+}

@@ -1,0 +1,31 @@
+//! Group commit: several messages applied in one database transaction, committed once.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::error::BoxError;
+
+/// The handler calls of one group, run inside the group's transaction; `true` asks for a commit, `false`
+/// for a rollback.
+pub type GroupCalls<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
+
+/// What [`GroupCommit::run`] returns.
+pub type GroupOutcome<'a> = Pin<Box<dyn Future<Output = Result<bool, BoxError>> + Send + 'a>>;
+
+/// Runs a group of handler calls in one database transaction that their inbox writes join, so that a
+/// group of messages costs one commit (one fsync) instead of one each.
+///
+/// A consumer given one ([`Consumer::with_group_commit`](super::Consumer::with_group_commit)) takes up to
+/// [`ConsumerConfig::group_size`](super::ConsumerConfig::group_size) ready messages, runs their handlers one
+/// after the other inside [`run`](GroupCommit::run), and acks them only after the commit. When any handler
+/// of the group fails, panics or times out, the whole group is rolled back and each of its messages runs
+/// again alone, in order, so one failing message never takes its neighbours down (their handlers run once
+/// more: the inbox keeps the effect exactly-once, as for any redelivery). `outbox-seaorm` implements it for
+/// a SeaORM pool (`SeaOrmGroupCommit`): an inbox write (`handle_once`) or `#[transactional_outbox]` call on
+/// the same pool joins the group's transaction with a savepoint.
+pub trait GroupCommit: Send + Sync + 'static {
+    /// Begins a transaction, runs `calls` with it as the task's current transaction, then commits it when
+    /// `calls` returned `true` (`Ok(true)`) or rolls it back when `false` (`Ok(false)`). An error of the
+    /// begin or the commit is `Err`: nothing of the group is acked, and its messages run again alone.
+    fn run<'a>(&'a self, calls: GroupCalls<'a>) -> GroupOutcome<'a>;
+}
