@@ -92,7 +92,7 @@ impl GroupCommit for SeaOrmGroupCommit {
         Box::pin(async move {
             let backend = self.db.get_database_backend();
             let unit = Unit::begin(&self.db).await.map_err(|e| store_error("begin", "inbox_messages", backend, e))?;
-            if unit.scope(calls).await {
+            if unit.scope(calls).await && still_open(unit.txn()).await {
                 unit.finish(Ok(()), |e| store_error("commit", "inbox_messages", backend, e)).await?;
                 Ok(true)
             } else {
@@ -101,6 +101,39 @@ impl GroupCommit for SeaOrmGroupCommit {
             }
         })
     }
+}
+
+/// Whether the group's transaction is still open and can commit what its handlers did. A handler that
+/// swallowed a database error could have left it unable to: PostgreSQL aborts a transaction on an error
+/// outside a savepoint (and its `COMMIT` then rolls back without an error), and MySQL/MariaDB roll the whole
+/// transaction back on a deadlock and run later statements outside it. Committing then would ack messages
+/// whose effects are gone; instead the group rolls back and its messages run alone. A group that wrote
+/// nothing (every message a duplicate) reads as not open, and runs alone: slower, never wrong. SQLite ends
+/// a transaction on its own only on I/O errors, a full disk or memory exhaustion, and is not probed.
+async fn still_open(txn: &DatabaseTransaction) -> bool {
+    let backend = txn.get_database_backend();
+    let probe = match backend {
+        // An open transaction that wrote has an id; an aborted one fails the statement; after the transaction
+        // ended, the probe runs in a transaction of its own, without an id.
+        DbBackend::Postgres => {
+            "SELECT CAST(CASE WHEN txid_current_if_assigned() IS NULL THEN 0 ELSE 1 END AS BIGINT) AS open"
+        }
+        DbBackend::MySql => {
+            "SELECT COUNT(*) AS open FROM information_schema.innodb_trx WHERE trx_mysql_thread_id = CONNECTION_ID()"
+        }
+        _ => return true,
+    };
+    let open = match txn.query_one_raw(Statement::from_string(backend, probe)).await {
+        Ok(Some(row)) => row.try_get::<i64>("", "open").map(|n| n > 0).unwrap_or(false),
+        Ok(None) | Err(_) => false,
+    };
+    if !open {
+        tracing::warn!(
+            ?backend,
+            "the group's transaction was aborted or rolled back under a handler that did not return the error; rolling the group back, its messages run alone"
+        );
+    }
+    open
 }
 
 /// `INSERT` that affects 0 rows for a duplicate: `ON CONFLICT DO NOTHING` on PostgreSQL and SQLite,

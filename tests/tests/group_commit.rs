@@ -1,0 +1,212 @@
+//! Group commit (`Consumer::with_group_commit(SeaOrmGroupCommit)`) on the real databases: a group's
+//! inbox rows and effects commit together, and a transaction that died under a handler which swallowed
+//! the error never lets the group ack messages whose effects are gone.
+//!
+//! The broker here is a queue in the test (the contract suite runs groups through the four real brokers);
+//! what is under test is the database side of the group.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::{count_table, create_shop_tables, enqueue_committed, fast_config, insert_invoice};
+use outbox_integration_tests::contract::{Running, eventually};
+use outbox_integration_tests::{Backend, TestDb, count_inbox, run_on};
+use outbox_seaorm::consume::{DeadLetter, Delivery, Transport};
+use outbox_seaorm::prelude::*;
+use outbox_seaorm::{ConsumerConfig, InMemoryPublisher, Received, SeaOrmGroupCommit};
+use sea_orm::{ConnectionTrait as _, DbErr};
+use serde::{Deserialize, Serialize};
+
+const CONSUMER: &str = "group-billing";
+
+#[derive(DomainEvent, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[domain_event(name = "order.billed", version = 1, aggregate = "order")]
+struct OrderBilled {
+    #[aggregate_id]
+    order_id: String,
+    total_minor: i64,
+}
+
+/// The messages the relay published, delivered once each, in order; acks counted.
+#[derive(Default)]
+struct Queue {
+    messages: Mutex<VecDeque<(u64, Delivery<u64>)>>,
+    acked: Mutex<Vec<u64>>,
+}
+
+impl Queue {
+    async fn of(t: &TestDb, events: &[NewEvent]) -> Queue {
+        enqueue_committed(t, events).await;
+        let publisher = InMemoryPublisher::new();
+        let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher.clone(), fast_config()).expect("relay");
+        relay.drain(50).await.expect("relay");
+        let queue = Queue::default();
+        for (i, event) in publisher.received().iter().enumerate() {
+            let receipt = i as u64 + 1;
+            let delivery = Delivery {
+                headers: outbox_seaorm::broker::envelope_headers(event).into_iter().collect(),
+                payload: event.payload.clone().into_bytes(),
+                origin: "orders".into(),
+                deliveries: 1,
+                receipt,
+            };
+            queue.messages.lock().expect("queue").push_back((receipt, delivery));
+        }
+        queue
+    }
+
+    /// The aggregate id of the last message: the last of the group that takes them all.
+    fn last_order(&self) -> String {
+        let messages = self.messages.lock().expect("queue");
+        let (_, last) = messages.back().expect("a message");
+        last.headers.get(outbox_seaorm::broker::header::SUBJECT).expect("subject").clone()
+    }
+}
+
+impl Transport for Queue {
+    type Receipt = u64;
+
+    fn broker(&self) -> &'static str {
+        "test queue"
+    }
+
+    fn source(&self) -> String {
+        "orders".into()
+    }
+
+    async fn fetch(&self, max: usize, wait: Duration) -> outbox_seaorm::Result<Vec<Delivery<u64>>> {
+        let batch: Vec<_> = {
+            let mut messages = self.messages.lock().expect("queue");
+            let n = max.min(messages.len());
+            messages.drain(..n).map(|(_, d)| d).collect()
+        };
+        if batch.is_empty() {
+            tokio::time::sleep(wait).await;
+        }
+        Ok(batch)
+    }
+
+    async fn ack(&self, receipt: &u64) -> outbox_seaorm::Result<()> {
+        self.acked.lock().expect("acked").push(*receipt);
+        Ok(())
+    }
+
+    async fn release(&self, _receipt: &u64) -> outbox_seaorm::Result<()> {
+        Ok(())
+    }
+
+    async fn dead_letter(&self, _delivery: &Delivery<u64>, letter: &DeadLetter) -> outbox_seaorm::Result<()> {
+        panic!("nothing should be dead-lettered here: {letter:?}");
+    }
+}
+
+fn billed(n: usize) -> Vec<NewEvent> {
+    (0..n).map(|i| OrderBilled { order_id: format!("o{i}"), total_minor: 100 }.to_new_event().expect("event")).collect()
+}
+
+/// A billing consumer in groups of up to 32 on `t`'s pool; when `kill(order, delivery)` says so, the
+/// handler ends the database transaction under its inbox call and fails its effect (as a MySQL deadlock
+/// does), then swallows the error it gets back, reporting success.
+fn billing(t: &TestDb, kill: impl Fn(&str, u32) -> bool + Send + Sync + 'static) -> Consumer {
+    let (db, kill) = (t.db.clone(), std::sync::Arc::new(kill));
+    let handler = move |received: Received<OrderBilled>| {
+        let (db, kill) = (db.clone(), kill.clone());
+        async move {
+            let killing = kill(&received.event.order_id, received.delivery);
+            let order = received.event.order_id.clone();
+            let id = received.envelope.id.to_string();
+            let outcome = outbox_seaorm::handle_once(&db, CONSUMER, &id, async |txn| {
+                insert_invoice(txn, &order, 100).await?;
+                if killing {
+                    // What a deadlock does on MySQL: the whole transaction is gone, and the effect fails.
+                    txn.execute_unprepared("ROLLBACK").await?;
+                    return Err(DbErr::Custom("deadlock found when trying to get lock".into()));
+                }
+                Ok::<_, DbErr>(())
+            })
+            .await;
+            match outcome {
+                Ok(_) => Ok(()),
+                Err(_) if killing => Ok(()), // the handler bug under test: the error is swallowed
+                Err(error) => Err(error.to_string()),
+            }
+        }
+    };
+    let config = ConsumerConfig::default().with_fetch_wait(Duration::from_millis(50)).with_group_size(32);
+    Consumer::new(CONSUMER)
+        .expect("name")
+        .with_config(config)
+        .expect("config")
+        .with_group_commit(SeaOrmGroupCommit::new(t.db.clone()))
+        .on::<OrderBilled>(handler)
+}
+
+/// 40 orders, consumed in groups: each invoice and inbox row exactly once, in fewer commits than orders.
+async fn a_group_commits_its_inbox_rows_and_effects_together(t: TestDb) {
+    create_shop_tables(&t).await;
+    let queue = Queue::of(&t, &billed(40)).await;
+    let running = Running::start(billing(&t, |_, _| false), queue);
+    eventually(Duration::from_secs(60), &format!("{t}: 40 applied"), async || running.stats().processed == 40).await;
+    let stats = running.stop().await;
+    assert!(stats.groups > 0 && stats.groups < 40, "{t}: applied in groups: {stats:?}");
+    assert_eq!(stats.group_rollbacks, 0, "{t}: {stats:?}");
+    assert_eq!(count_table(&t, "invoices").await, 40, "{t}");
+    assert_eq!(count_inbox(&t, CONSUMER).await, 40, "{t}");
+}
+
+/// The last handler of a group kills the transaction and swallows the error: the group must not commit
+/// (its COMMIT would succeed with the neighbours' effects gone); it rolls back and every order is then
+/// applied alone, once. (SQLite ends a transaction on its own only on I/O errors, a full disk or memory
+/// exhaustion; there the group cannot tell, so this runs on PostgreSQL and MariaDB.)
+async fn a_transaction_killed_under_a_swallowing_handler_never_acks_lost_effects(t: TestDb) {
+    outbox_integration_tests::log_to_test_output();
+    create_shop_tables(&t).await;
+    let queue = Queue::of(&t, &billed(8)).await;
+    // The last message of the one group that takes all 8 kills the transaction (every time it runs).
+    let victim = queue.last_order();
+    let killer = victim.clone();
+    let running = Running::start(billing(&t, move |order, _| order == killer), queue);
+    eventually(Duration::from_secs(60), &format!("{t}: 8 handled"), async || running.stats().processed >= 8).await;
+    let stats = running.stop().await;
+    assert_eq!(stats.group_rollbacks, 1, "{t}: the dead transaction was noticed: {stats:?}");
+    for i in (0..8).map(|i| format!("o{i}")).filter(|order| *order != victim) {
+        let sql = format!("SELECT COUNT(*) AS n FROM invoices WHERE order_id = '{i}'");
+        let row = t.db.query_one_raw(sea_orm::Statement::from_string(t.backend, sql)).await.expect("count");
+        let n: i64 = row.expect("row").try_get("", "n").expect("n");
+        assert_eq!(n, 1, "{t}: order {i} applied exactly once");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_commit_together_sqlite() {
+    run_on(Backend::Sqlite, "group_commit_sqlite", a_group_commits_its_inbox_rows_and_effects_together).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_commit_together_postgres() {
+    run_on(Backend::Postgres, "group_commit_pg", a_group_commits_its_inbox_rows_and_effects_together).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_commit_together_mysql() {
+    run_on(Backend::MySql, "group_commit_my", a_group_commits_its_inbox_rows_and_effects_together).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_group_transaction_is_noticed_postgres() {
+    run_on(
+        Backend::Postgres,
+        "group_killed_pg",
+        a_transaction_killed_under_a_swallowing_handler_never_acks_lost_effects,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_group_transaction_is_noticed_mysql() {
+    run_on(Backend::MySql, "group_killed_my", a_transaction_killed_under_a_swallowing_handler_never_acks_lost_effects)
+        .await;
+}
