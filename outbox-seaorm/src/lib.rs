@@ -114,8 +114,49 @@ pub use migration::{MIGRATE_LOCK_WAIT, Migrator, migrate, migrations};
 pub use store::{ClaimPlan, SeaOrmBatch, SeaOrmStore};
 pub use transaction::transaction;
 
-pub use outbox_macros::{DomainEvent, idempotent_handler, transactional_outbox};
-pub use outbox_runtime::*;
+pub use outbox_macros::{idempotent_handler, transactional_outbox};
+
+// What the runtime provides, named one by one (the runtime's own root has more: its store-side helpers).
+#[cfg(feature = "schemars")]
+#[cfg_attr(docsrs, doc(cfg(feature = "schemars")))]
+pub use outbox_runtime::event_json_schema;
+/// `postgres://user:secret@host/db` → `postgres://***@host/db`, for logging a connection string.
+pub use outbox_runtime::redact_url;
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+pub use outbox_runtime::testkit;
+#[doc(hidden)]
+pub use outbox_runtime::{__derive, one_line};
+/// Publishing: the relay, its settings, and the service that runs it with cleanup and health.
+pub use outbox_runtime::{
+    Backoff, CancellationToken, ClaimMode, CleanupConfig, DeadLetterPolicy, Health, OutboxService,
+    OutboxServiceBuilder, Relay, RelayConfig, RelayPass, ServiceConfig,
+};
+/// What a store provides to the relay (implemented here by [`SeaOrmStore`]); for tests and other stores.
+pub use outbox_runtime::{
+    BatchOutcome, ClaimRequest, ClaimedBatch, Failure, MarkReport, OutboxStats, OutboxStore, StoreLock,
+};
+/// Errors.
+pub use outbox_runtime::{BoxError, Error, Result};
+/// Consuming: one driver for every broker, typed handlers, the inbox's outcome.
+pub use outbox_runtime::{Consumer, ConsumerConfig, ConsumerStats, Handled, InboxOutcome, Received};
+/// Brokers: where an event goes, and what a publisher is.
+pub use outbox_runtime::{Destination, InMemoryPublisher, PublishError, Publisher};
+/// Events: declare them (`#[derive(DomainEvent)]`), write them, read them back.
+pub use outbox_runtime::{DomainEvent, EventId, Headers, NewEvent, OutboxEvent, PayloadSchema, verify_events_lock_all};
+/// The runtime's modules: broker adapters and their message format, the consume side, metric names, the
+/// W3C trace context, the test kit.
+pub use outbox_runtime::{broker, brokers, consume, metrics, trace_context};
+
+/// The bounds on what the outbox accepts: longer names and bigger payloads are refused with an error
+/// naming the bound.
+pub mod limits {
+    pub use outbox_runtime::{
+        DEFAULT_MAX_PAYLOAD_BYTES, MAX_AGGREGATE_ID_LEN, MAX_AGGREGATE_TYPE_LEN, MAX_BACKOFF, MAX_CONSUMER_LEN,
+        MAX_EVENT_TYPE_LEN, MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_LEASE, MAX_MESSAGE_ID_LEN,
+        MAX_RELAY_INTERVAL,
+    };
+}
 
 /// Writes an event into the transaction of the enclosing `#[transactional_outbox]` method.
 ///

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use common::{count_outbox, count_table, create_shop_tables, enqueue_committed, event, fast_config};
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::{
-    ClaimMode, DEFAULT_MAX_PAYLOAD_BYTES, Error, InMemoryPublisher, MAX_AGGREGATE_ID_LEN, MAX_AGGREGATE_TYPE_LEN,
-    MAX_EVENT_TYPE_LEN, NewEvent, OutboxStore, Relay, RelayConfig, SeaOrmStore,
-};
+use outbox_seaorm::limits::DEFAULT_MAX_PAYLOAD_BYTES;
+use outbox_seaorm::limits::MAX_AGGREGATE_ID_LEN;
+use outbox_seaorm::limits::MAX_AGGREGATE_TYPE_LEN;
+use outbox_seaorm::limits::MAX_EVENT_TYPE_LEN;
+use outbox_seaorm::{ClaimMode, Error, InMemoryPublisher, NewEvent, OutboxStore, Relay, RelayConfig, SeaOrmStore};
 use sea_orm::{ConnectionTrait, TransactionTrait};
 
 /// The app's unit of work: insert the order, build its event (which may be rejected), enqueue, commit. An

@@ -21,10 +21,10 @@ use outbox_seaorm::brokers::nats::async_nats::jetstream::message::PublishMessage
 use outbox_seaorm::brokers::nats::async_nats::jetstream::stream::RawMessageErrorKind;
 use outbox_seaorm::brokers::nats::async_nats::{HeaderMap, HeaderValue};
 use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport, NatsTransportOptions};
+use outbox_seaorm::consume::Transport;
 use outbox_seaorm::prelude::*;
 use outbox_seaorm::{
     Consumer, ConsumerConfig, Destination, Error, EventId, OutboxEvent, PublishError, Publisher, Received, RelayPass,
-    Transport,
 };
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
 use serde::{Deserialize, Serialize};
@@ -566,7 +566,7 @@ async fn an_invalid_subject_or_oversized_message_goes_dead_with_a_clear_error() 
         let wildcard = NewEvent::new("item", "a*", "item.counted", &payload(2)).unwrap();
         let tail = NewEvent::new("item", "x.", "item.counted", &payload(3)).unwrap();
         // Within the outbox's own limit, over the server's once the headers are added.
-        let big_text = "x".repeat(max_payload.min(outbox_seaorm::DEFAULT_MAX_PAYLOAD_BYTES) - 64);
+        let big_text = "x".repeat(max_payload.min(outbox_seaorm::limits::DEFAULT_MAX_PAYLOAD_BYTES) - 64);
         let big = NewEvent::new("item", "big", "item.counted", &serde_json::json!({ "text": big_text })).unwrap();
         let fine = NewEvent::new("item", "ok-1", "item.counted", &payload(4)).unwrap();
         let ids: Vec<_> = [&spaced, &wildcard, &tail, &big, &fine].iter().map(|e| e.id()).collect();

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use common::{count_inbox, count_table, create_shop_tables, insert_invoice};
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::{EventId, InboxError, InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
+use outbox_seaorm::limits::MAX_CONSUMER_LEN;
+use outbox_seaorm::limits::MAX_MESSAGE_ID_LEN;
+use outbox_seaorm::{EventId, InboxError, InboxOutcome};
 use sea_orm::{DatabaseConnection, TransactionTrait};
 
 /// Delivers `message_id` to `consumer`, whose effect invoices order `o1`; counts effect runs in `runs`.

@@ -19,12 +19,13 @@ use opentelemetry::trace::{SpanId, TraceContextExt as _, TraceId, TracerProvider
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use outbox_integration_tests::contract::{self, Counted, Running, counting_consumer, eventually};
 use outbox_integration_tests::{Backend, TestDb, run_on};
+use outbox_seaorm::consume::Transport;
 use outbox_seaorm::consume::{
     DeadLetter, DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, Delivery,
 };
 use outbox_seaorm::{
     DomainEvent, InMemoryPublisher, OutboxEvent, OutboxService, PublishError, Publisher, Relay, SeaOrmStore,
-    ServiceConfig, Transport, emit, metrics as names,
+    ServiceConfig, emit, metrics as names,
 };
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;

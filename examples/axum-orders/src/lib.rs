@@ -22,8 +22,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use outbox_seaorm::consume::Transport;
 use outbox_seaorm::prelude::*;
-use outbox_seaorm::{BoxError, CancellationToken, Publisher, Transport};
+use outbox_seaorm::{BoxError, CancellationToken, Publisher};
 use sea_orm::{DatabaseConnection, DbErr, EntityTrait, QueryOrder, SqlErr};
 use tokio::net::TcpListener;
 

@@ -13,9 +13,10 @@ use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport};
 use outbox_seaorm::brokers::rabbitmq::{RabbitPublisher, RabbitTransport};
 use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport};
 use outbox_seaorm::consume::{ReplayDeadLetters, Transport};
+use outbox_seaorm::testkit::FaultyPublisher;
 use outbox_seaorm::{
-    Backoff, CancellationToken, Consumer, ConsumerConfig, Destination, EventId, FaultyPublisher, OutboxStore,
-    Publisher, Received, Relay, RelayConfig, SeaOrmStore,
+    Backoff, CancellationToken, Consumer, ConsumerConfig, Destination, EventId, OutboxStore, Publisher, Received,
+    Relay, RelayConfig, SeaOrmStore,
 };
 
 use crate::app::{self, Order, OrderPlaced, Result};
