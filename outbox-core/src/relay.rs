@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::config::{Backoff, RelayConfig};
+use crate::config::{Backoff, DEFAULT_ERROR_BACKOFF, RelayConfig};
 use crate::envelope::OutboxEvent;
 use crate::error::Result;
 use crate::publisher::{PublishError, Publisher};
@@ -148,7 +148,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// releases the rest before returning. [`OutboxService`](crate::OutboxService) runs this loop with
     /// health reporting.
     pub async fn run(&self, shutdown: CancellationToken) {
-        run_loop(self, &shutdown, &crate::service::DEFAULT_ERROR_BACKOFF, &mut |_| {}).await;
+        run_loop(self, &shutdown, &DEFAULT_ERROR_BACKOFF, &mut |_| {}).await;
     }
 
     /// Publishes the claimed runs in *waves*: wave `k` holds the `k`-th event of every run still going, so a
