@@ -108,21 +108,22 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             return Ok(RelayPass { dead: dead_on_claim, ..RelayPass::default() });
         }
         let outcome = self.publish_runs(now, batch.events(), stop).await;
-        let dead = outcome.failed.iter().filter(|f| f.dead).count() as u64;
         let released = outcome.released.len() as u64;
+        // What the store marked, in either claim mode: in lease mode a row whose lease passed to another
+        // relay is fenced, neither failed nor dead here.
         let report = batch.complete(outcome).await?;
         let pass = RelayPass {
             claimed,
             published: report.published,
-            failed: report.failed.saturating_sub(dead),
-            dead: dead + dead_on_claim,
+            failed: report.failed.saturating_sub(report.dead),
+            dead: report.dead + dead_on_claim,
             released,
             fenced: report.fenced,
         };
         tracing::debug!(?pass, "relay pass done");
         crate::metrics::relay_pass(&pass);
-        if dead > 0 {
-            tracing::warn!(dead, "outbox events reached max_attempts and are dead");
+        if report.dead > 0 {
+            tracing::warn!(dead = report.dead, "outbox events reached max_attempts and are dead");
         }
         Ok(pass)
     }

@@ -59,6 +59,8 @@ pub struct MarkReport {
     pub published: u64,
     /// Rows marked failed (including dead ones).
     pub failed: u64,
+    /// Of the rows marked failed, those marked dead.
+    pub dead: u64,
     /// Rows not marked because their lease had passed to another relay (lease mode only).
     pub fenced: u64,
 }
