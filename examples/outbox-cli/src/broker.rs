@@ -15,7 +15,7 @@ pub struct BrokerArgs {
     #[arg(long, env = "OUTBOX_BROKER", hide_env_values = true)]
     pub broker: String,
     /// Where each event goes: a template over {aggregate_type}, {aggregate_id}, {event_type}, {version}.
-    #[arg(long, env = "OUTBOX_DESTINATION", default_value = "{aggregate_type}.{event_type}")]
+    #[arg(long, env = "OUTBOX_DESTINATION", default_value = outbox_seaorm::broker::DEFAULT_DESTINATION)]
     destination: String,
     /// RabbitMQ: the exchange to publish to.
     #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox")]
