@@ -131,6 +131,12 @@ enum Part {
     Version,
 }
 
+/// The default destination template of NATS subjects, RabbitMQ routing keys and `outbox relay`: the event
+/// type alone, so aggregate `order` with event type `order.placed` goes to `order.placed` (event types
+/// name their aggregate, as `#[domain_event(name = "order.placed", aggregate = "order")]` does). Kafka's
+/// default is a topic per aggregate type instead, and Redis's a stream per aggregate type.
+pub const DEFAULT_DESTINATION: &str = "{event_type}";
+
 /// Where an event goes: a template such as `"{aggregate_type}.{event_type}"` over `{aggregate_type}`,
 /// `{aggregate_id}`, `{event_type}` and `{version}`, checked when parsed; each adapter then checks the
 /// rendered name against its broker's rules.
@@ -243,6 +249,12 @@ mod tests {
             attempts: 3,
             last_error: None,
         }
+    }
+
+    #[test]
+    fn the_default_destination_names_the_event_once() {
+        let event = sample();
+        assert_eq!(Destination::parse(DEFAULT_DESTINATION).unwrap().render(&event), "order.placed");
     }
 
     #[test]

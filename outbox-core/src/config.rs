@@ -87,6 +87,10 @@ impl Backoff {
     }
 }
 
+/// The relay loop's backoff after failed passes when nothing else is set: 500 ms doubling up to 30 s.
+pub(crate) const DEFAULT_ERROR_BACKOFF: Backoff =
+    Backoff { initial: Duration::from_millis(500), max: Duration::from_secs(30), multiplier: 2 };
+
 /// The longest backoff cap a relay accepts: a week. Longer waits are a dead letter in disguise.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The longest lease a relay accepts: a day (a lease only has to outlast one publish).

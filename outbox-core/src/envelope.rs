@@ -1,7 +1,8 @@
 //! The event envelope: what an application enqueues and what the relay hands a publisher.
 //!
 //! Field names follow CloudEvents where one fits: [`OutboxEvent::id`] is `id`, `event_type` is `type`,
-//! `aggregate_id` is `subject`, `created_at` is `time`; see [`OutboxEvent::cloudevents_attributes`].
+//! `aggregate_id` is `subject`, `created_at` is `time`; the broker adapters send them as headers
+//! ([`envelope_headers`](crate::broker::envelope_headers)).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -361,18 +362,6 @@ impl OutboxEvent {
             event_type: self.event_type.clone(),
             source,
         })
-    }
-
-    /// The CloudEvents attributes of this event, as name/value pairs for broker headers.
-    pub fn cloudevents_attributes(&self) -> [(&'static str, String); 6] {
-        [
-            ("ce_specversion", "1.0".to_owned()),
-            ("ce_id", self.id.to_string()),
-            ("ce_type", self.event_type.clone()),
-            ("ce_subject", self.aggregate_id.clone()),
-            ("ce_time", self.created_at.to_rfc3339()),
-            ("ce_dataschemaversion", self.schema_version.to_string()),
-        ]
     }
 }
 

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::config::{Backoff, RelayConfig};
+use crate::config::{Backoff, DEFAULT_ERROR_BACKOFF, RelayConfig};
 use crate::envelope::OutboxEvent;
 use crate::error::Result;
 use crate::publisher::{PublishError, Publisher};
@@ -108,22 +108,20 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
             return Ok(RelayPass { dead: dead_on_claim, ..RelayPass::default() });
         }
         let outcome = self.publish_runs(now, batch.events(), stop).await;
-        let dead = outcome.failed.iter().filter(|f| f.dead).count() as u64;
         let released = outcome.released.len() as u64;
+        // What the store marked, in either claim mode: in lease mode a row whose lease passed to another
+        // relay is fenced, neither failed nor dead here.
         let report = batch.complete(outcome).await?;
         let pass = RelayPass {
             claimed,
             published: report.published,
-            failed: report.failed.saturating_sub(dead),
-            dead: dead + dead_on_claim,
+            failed: report.failed.saturating_sub(report.dead),
+            dead: report.dead + dead_on_claim,
             released,
             fenced: report.fenced,
         };
         tracing::debug!(?pass, "relay pass done");
         crate::metrics::relay_pass(&pass);
-        if dead > 0 {
-            tracing::warn!(dead, "outbox events reached max_attempts and are dead");
-        }
         Ok(pass)
     }
 
@@ -148,7 +146,7 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
     /// releases the rest before returning. [`OutboxService`](crate::OutboxService) runs this loop with
     /// health reporting.
     pub async fn run(&self, shutdown: CancellationToken) {
-        run_loop(self, &shutdown, &crate::service::DEFAULT_ERROR_BACKOFF, &mut |_| {}).await;
+        run_loop(self, &shutdown, &DEFAULT_ERROR_BACKOFF, &mut |_| {}).await;
     }
 
     /// Publishes the claimed runs in *waves*: wave `k` holds the `k`-th event of every run still going, so a
@@ -240,15 +238,31 @@ impl<S: OutboxStore, P: Publisher> Relay<S, P> {
 
     fn failure(&self, now: DateTime<Utc>, event: &OutboxEvent, error: &PublishError) -> Failure {
         let attempts = event.attempts.saturating_add(1);
-        let dead = error.is_permanent() || attempts >= self.config.max_attempts;
+        let dead = dead_reason(error, attempts, self.config.max_attempts);
         let delay = self.config.backoff.delay(attempts);
         // Validation bounds the delay to a week; the checked sum still never panics on a clock near the end.
         let next_attempt_at = chrono::Duration::from_std(delay)
             .ok()
             .and_then(|delay| now.checked_add_signed(delay))
             .unwrap_or(DateTime::<Utc>::MAX_UTC);
-        tracing::debug!(event_id = %event.id, attempts, dead, %error, "publish failed");
-        Failure { seq: event.seq, error: error.message().to_owned(), next_attempt_at, dead }
+        match &dead {
+            Some(reason) => tracing::warn!(event_id = %event.id, attempts, %error, "outbox event is dead: {reason}"),
+            None => tracing::debug!(event_id = %event.id, attempts, %error, "publish failed; retried after backoff"),
+        }
+        Failure { seq: event.seq, error: error.message().to_owned(), next_attempt_at, dead: dead.is_some() }
+    }
+}
+
+/// Why a row whose publish failed at its `attempts`-th try is now dead, or `None` while it will be retried:
+/// a permanent failure is never retried, whatever the attempt; a transient one is retried until
+/// `max_attempts`.
+fn dead_reason(error: &PublishError, attempts: i32, max_attempts: i32) -> Option<String> {
+    if error.is_permanent() {
+        Some(format!("the publish failed permanently at attempt {attempts}; it is not retried"))
+    } else if attempts >= max_attempts {
+        Some(format!("the publish failed {attempts} times, reaching max_attempts ({max_attempts})"))
+    } else {
+        None
     }
 }
 
@@ -319,4 +333,22 @@ fn group_runs(events: &[OutboxEvent]) -> Vec<std::collections::VecDeque<&OutboxE
         run.make_contiguous().sort_by_key(|e| (e.aggregate_version, e.seq));
     }
     runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_row_is_logged_with_why_it_is_dead() {
+        let permanent = PublishError::permanent("message too large");
+        let first = dead_reason(&permanent, 1, 10).expect("a permanent failure is dead at once");
+        assert!(first.contains("permanently at attempt 1"), "{first}");
+        assert!(!first.contains("max_attempts"), "not attempts exhausted: {first}");
+
+        let transient = PublishError::transient("broker unavailable");
+        assert_eq!(dead_reason(&transient, 9, 10), None, "retried below max_attempts");
+        let last = dead_reason(&transient, 10, 10).expect("attempts exhausted");
+        assert!(last.contains("10 times") && last.contains("max_attempts (10)"), "{last}");
+    }
 }

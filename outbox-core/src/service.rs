@@ -45,15 +45,11 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Backoff, RelayConfig};
+use crate::config::{Backoff, DEFAULT_ERROR_BACKOFF, RelayConfig};
 use crate::error::{Error, Result};
 use crate::publisher::Publisher;
 use crate::relay::{PassReport, Relay, run_loop};
 use crate::store::{OutboxStats, OutboxStore};
-
-/// The relay loop's backoff after failed passes when nothing else is set: 500 ms doubling up to 30 s.
-pub(crate) const DEFAULT_ERROR_BACKOFF: Backoff =
-    Backoff { initial: Duration::from_millis(500), max: Duration::from_secs(30), multiplier: 2 };
 
 /// The name of the database lock the cleanup takes.
 pub const CLEANUP_LOCK: &str = "outbox_cleanup";

@@ -41,7 +41,9 @@ pub struct Failure {
 /// The outcome of publishing a claimed batch.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BatchOutcome {
-    /// When the outcome was recorded.
+    /// The pass's clock: the `now` of the [`ClaimRequest`] this batch was claimed with, not the time the
+    /// outcome is written. The store records it as `published_at` of the published rows and `dead_at` of
+    /// the dead ones.
     pub now: DateTime<Utc>,
     /// Sequence numbers the broker confirmed.
     pub published: Vec<i64>,
@@ -59,6 +61,8 @@ pub struct MarkReport {
     pub published: u64,
     /// Rows marked failed (including dead ones).
     pub failed: u64,
+    /// Of the rows marked failed, those marked dead.
+    pub dead: u64,
     /// Rows not marked because their lease had passed to another relay (lease mode only).
     pub fenced: u64,
 }

@@ -40,11 +40,25 @@ pub(crate) fn publish_span<P: Publisher>(publisher: &P, events: &[OutboxEvent]) 
     span
 }
 
+/// OpenTelemetry's `messaging.system` id of a broker, from the name a
+/// [`Transport::broker`](crate::consume::Transport::broker) gives for logs (`NATS JetStream` is `nats`), so
+/// consumer spans carry the same id as the relay's publish spans ([`Publisher::system`]). A name this
+/// does not know is kept as it is.
+pub(crate) fn messaging_system(broker: &'static str) -> &'static str {
+    match broker {
+        "NATS JetStream" | "NATS" => "nats",
+        "Kafka" => "kafka",
+        "RabbitMQ" => "rabbitmq",
+        "Redis Streams" | "Redis" => "redis",
+        other => other,
+    }
+}
+
 /// `outbox.consume.process`: one delivery taken to its end by the consume driver. With the `opentelemetry`
 /// feature its parent is the span whose context the message's `traceparent` carries (the one the event was
 /// written in), so the handler's spans join the producer's trace.
 pub(crate) fn process_span(
-    system: &'static str,
+    broker: &'static str,
     consumer: &str,
     origin: &str,
     headers: &BTreeMap<String, String>,
@@ -55,7 +69,7 @@ pub(crate) fn process_span(
     let span = tracing::info_span!(
         "outbox.consume.process",
         otel.kind = "consumer",
-        messaging.system = system,
+        messaging.system = messaging_system(broker),
         messaging.operation.type = "process",
         messaging.operation.name = "process",
         messaging.consumer.group.name = consumer,
@@ -67,4 +81,16 @@ pub(crate) fn process_span(
     #[cfg(feature = "opentelemetry")]
     crate::trace_context::set_parent(&span, headers);
     span
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consumer_spans_name_the_broker_as_publish_spans_do() {
+        let ids: Vec<_> =
+            ["NATS JetStream", "Kafka", "RabbitMQ", "Redis Streams", "memory"].map(messaging_system).into();
+        assert_eq!(ids, ["nats", "kafka", "rabbitmq", "redis", "memory"]);
+    }
 }

@@ -130,7 +130,7 @@ async fn every_event_goes_through_rabbitmq_and_is_applied_once() {
         let (exchange, queue) = names("round-trip");
         let audit = format!("{queue}-audit");
         let publisher = publisher(AMQP_URL, &exchange).await;
-        publisher.declare_queue(&exchange, &queue, "parcel.#").await.expect("declare queue");
+        publisher.declare_queue(&exchange, &queue, "rmq.parcel.#").await.expect("declare queue");
         publisher.declare_queue(&exchange, &audit, "#").await.expect("declare audit queue");
 
         let events: Vec<NewEvent> = (0..20).map(|i| shipped(format!("p{}", i % 5), i / 5)).collect();
@@ -152,7 +152,7 @@ async fn every_event_goes_through_rabbitmq_and_is_applied_once() {
         assert_eq!(properties.delivery_mode(), &Some(2), "{t}: persistent");
         assert_eq!(properties.message_id().as_ref().map(|s| s.to_string()), Some(first.event_id.clone()), "{t}");
         assert_eq!(properties.content_type().as_ref().map(|s| s.to_string()).as_deref(), Some("application/json"));
-        assert_eq!(got.delivery.routing_key.as_str(), "parcel.rmq.parcel.shipped", "{t}");
+        assert_eq!(got.delivery.routing_key.as_str(), "rmq.parcel.shipped", "{t}");
         let headers = properties.headers().as_ref().expect("headers");
         for name in ["ce_id", "ce_type", "ce_subject", "ce_time", "ce_specversion", "outbox_aggregate_type"] {
             assert!(headers.contains_key(name), "{t}: header {name} missing: {headers:?}");
@@ -182,7 +182,7 @@ async fn a_broker_outage_loses_nothing_and_publisher_and_consumer_reconnect() {
     create_effect_table(&t).await;
     let (exchange, queue) = names("outage");
     let admin = publisher(AMQP_URL, &exchange).await;
-    admin.declare_queue(&exchange, &queue, "parcel.#").await.expect("declare queue");
+    admin.declare_queue(&exchange, &queue, "rmq.parcel.#").await.expect("declare queue");
 
     // Relay and consumer both reach RabbitMQ through a proxy the test can cut.
     let proxy = Proxy::start(RABBIT).await;
@@ -261,7 +261,7 @@ async fn a_lost_confirm_republishes_and_the_inbox_drops_the_duplicate() {
     create_effect_table(&t).await;
     let (exchange, queue) = names("lost-ack");
     let inner = publisher(AMQP_URL, &exchange).await;
-    inner.declare_queue(&exchange, &queue, "parcel.#").await.expect("declare queue");
+    inner.declare_queue(&exchange, &queue, "rmq.parcel.#").await.expect("declare queue");
     let relay =
         Relay::new(SeaOrmStore::new(t.db.clone()), LosesConfirms { inner, lose: AtomicBool::new(true) }, fast_config())
             .expect("relay");
@@ -300,7 +300,7 @@ async fn an_unroutable_event_stays_pending_until_a_queue_is_bound() {
     let (exchange, queue) = names("unroutable");
     let publisher = publisher(AMQP_URL, &exchange).await;
     // Only `rmq.parcel.shipped` is bound; `rmq.parcel.lost` routes nowhere.
-    publisher.declare_queue(&exchange, &queue, "parcel.rmq.parcel.shipped").await.expect("declare queue");
+    publisher.declare_queue(&exchange, &queue, "rmq.parcel.shipped").await.expect("declare queue");
     let mut events: Vec<NewEvent> = (0..3).map(|i| shipped(format!("p{i}"), 0)).collect();
     for i in 0..3 {
         let payload = serde_json::json!({ "parcel_id": format!("l{i}"), "n": 0 });
@@ -317,14 +317,14 @@ async fn an_unroutable_event_stays_pending_until_a_queue_is_bound() {
             assert!(row.published_at_ms.is_none() && row.dead_at_ms.is_none(), "{t}: pending, not dead");
             let error = row.last_error.unwrap_or_default();
             assert!(error.contains("unroutable"), "{t}: {error}");
-            assert!(error.contains(&exchange) && error.contains("parcel.rmq.parcel.lost"), "{t}: {error}");
+            assert!(error.contains(&exchange) && error.contains("rmq.parcel.lost"), "{t}: {error}");
         } else {
             assert!(row.published_at_ms.is_some(), "{t}: the routable events of the batch are published");
         }
     }
 
     let publisher = relay.publisher();
-    publisher.declare_queue(&exchange, &queue, "parcel.#").await.expect("bind the missing key");
+    publisher.declare_queue(&exchange, &queue, "rmq.parcel.#").await.expect("bind the missing key");
     assert_eq!(drain_at(&relay, after(now, CAP)).await, 3, "{t}: retried after the backoff, now routable");
     assert_eq!(count_published(&t).await, 6, "{t}");
     assert_eq!(publisher.message_count(&queue).await.expect("count"), 6, "{t}: nothing dropped");
@@ -430,7 +430,7 @@ async fn publish_raw(exchange: &str, headers: &[(String, String)], payload: &[u8
     let options = lapin::options::BasicPublishOptions { mandatory: true, immediate: false };
     let properties = lapin::BasicProperties::default().with_headers(table);
     let confirm = channel
-        .basic_publish(exchange.into(), "parcel.raw".into(), options, payload, properties)
+        .basic_publish(exchange.into(), "rmq.parcel.raw".into(), options, payload, properties)
         .await
         .expect("publish raw")
         .await
@@ -448,7 +448,7 @@ async fn bad_messages_are_dead_lettered_with_their_original_headers_and_the_next
     create_effect_table(&t).await;
     let (exchange, queue) = names("bad-messages");
     let publisher = publisher(AMQP_URL, &exchange).await;
-    publisher.declare_queue(&exchange, &queue, "parcel.#").await.expect("declare queue");
+    publisher.declare_queue(&exchange, &queue, "rmq.parcel.#").await.expect("declare queue");
 
     // A valid envelope with control characters in a header (log forging, header injection), and a valid
     // envelope with a payload over the consumer's limit; then a good event.
@@ -500,7 +500,7 @@ async fn bad_messages_are_dead_lettered_with_their_original_headers_and_the_next
     assert_eq!(header(forged_letter, "note").as_deref(), Some(forged), "{t}: the original header is kept as it was");
     let reason = header(forged_letter, "outbox_dead_reason").unwrap_or_default();
     assert!(reason.contains("control characters") && !reason.chars().any(char::is_control), "{t}: {reason:?}");
-    assert_eq!(header(forged_letter, "outbox_dead_origin").as_deref(), Some(&*format!("{exchange}/parcel.raw")));
+    assert_eq!(header(forged_letter, "outbox_dead_origin").as_deref(), Some(&*format!("{exchange}/rmq.parcel.raw")));
     let big_letter = dead.iter().find(|d| header(d, "note").is_none()).expect("the big message is dead");
     assert_eq!(big_letter.data, big.as_bytes(), "{t}: the payload is kept");
     let reason = header(big_letter, "outbox_dead_reason").unwrap_or_default();

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -10,7 +11,7 @@ use common::{CAP, after, enqueue_committed, event, fast_config, outbox_row};
 use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::{
     BatchOutcome, ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, EventId, Failure, InMemoryPublisher,
-    OutboxStore, Relay, SeaOrmBatch, SeaOrmStore,
+    OutboxEvent, OutboxStore, PublishError, Publisher, Relay, RelayPass, SeaOrmBatch, SeaOrmStore,
 };
 
 const LEASE: Duration = Duration::from_secs(1);
@@ -143,3 +144,58 @@ async fn a_lease_mode_relay_publishes_retries_and_releases_its_leases(t: TestDb)
     assert_eq!(broker.received_count(), 2, "{t}");
 }
 per_backend!(a_lease_mode_relay_publishes_retries_and_releases_its_leases, "lease_mode_relay");
+
+/// Refuses every event for good; with `take_over`, another relay first claims the rows under a new lease
+/// (as if this relay had paused past its lease), and keeps them.
+struct Refuses {
+    take_over: Option<(SeaOrmStore, DateTime<Utc>)>,
+    taken: Mutex<Vec<SeaOrmBatch>>,
+}
+
+impl Publisher for Refuses {
+    async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), PublishError>> {
+        if let Some((store, at)) = &self.take_over {
+            let batch = store.claim(lease_request(*at)).await.expect("the other relay's claim");
+            assert_eq!(batch.events().len(), events.len(), "the other relay took every row over");
+            self.taken.lock().expect("taken").push(batch);
+        }
+        vec![Err(PublishError::permanent("the broker refuses this event")); events.len()]
+    }
+}
+
+async fn dead_rows_are_counted_alike_in_both_claim_modes(t: TestDb) {
+    let transaction = fast_config().with_max_attempts(2);
+    let lease = transaction.clone().with_claim_mode(ClaimMode::Lease { duration: Duration::from_secs(30) });
+    let mut passes = Vec::new();
+    for (aggregate, config) in [("tx", transaction), ("lease", lease)] {
+        enqueue_committed(
+            &t,
+            &[event(aggregate, "order.placed", 1), event(&format!("{aggregate}-2"), "order.placed", 2)],
+        )
+        .await;
+        let refuses = Refuses { take_over: None, taken: Mutex::default() };
+        let relay = Relay::new(SeaOrmStore::new(t.db.clone()), refuses, config).expect("config");
+        passes.push(relay.run_once_at(Utc::now()).await.unwrap_or_else(|e| panic!("{t}: {e}")));
+    }
+    let dead_at_once = RelayPass { claimed: 2, dead: 2, ..RelayPass::default() };
+    assert_eq!(passes, [dead_at_once, dead_at_once], "{t}: a permanent failure is dead at attempt 1 in either mode");
+}
+per_backend!(dead_rows_are_counted_alike_in_both_claim_modes, "lease_dead_counted");
+
+async fn a_dead_outcome_fenced_by_another_relay_is_not_counted_dead(t: TestDb) {
+    let e = event("o1", "order.placed", 1);
+    enqueue_committed(&t, std::slice::from_ref(&e)).await;
+    let now = Utc::now();
+    let lease = Duration::from_secs(30); // longer than the publish timeout, as a relay requires
+    let other = SeaOrmStore::new(t.reconnect().await);
+    let refuses = Refuses { take_over: Some((other, after(now, 2 * lease))), taken: Mutex::default() };
+    let config = fast_config().with_claim_mode(ClaimMode::Lease { duration: lease });
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), refuses, config).expect("config");
+
+    let pass = relay.run_once_at(now).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(pass, RelayPass { claimed: 1, fenced: 1, ..RelayPass::default() }, "{t}: not written, so not dead");
+    let row = outbox_row(&t, e.id()).await;
+    assert_eq!((row.attempts, row.dead_at_ms), (0, None), "{t}: the new holder decides");
+    assert!(row.lease_token.is_some(), "{t}: the other relay still holds the row");
+}
+per_backend!(a_dead_outcome_fenced_by_another_relay_is_not_counted_dead, "lease_dead_fenced");

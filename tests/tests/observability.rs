@@ -515,6 +515,10 @@ async fn a_trace_started_at_enqueue_reaches_the_consumer_span_through_nats() {
         assert_eq!(attribute(&span, "messaging.system").map(|v| v.as_str()), Some("nats".into()));
         assert_eq!(attribute(&span, "messaging.destination.name").map(|v| v.as_str()), Some(subject.as_str().into()));
     }
+    for span in traces.finished("outbox.consume.process") {
+        // The same OpenTelemetry id as the publish spans, not the transport's display name.
+        assert_eq!(attribute(&span, "messaging.system").map(|v| v.as_str()), Some("nats".into()));
+    }
 }
 
 /// A service whose method emits two events: one inside a span of its own, one with a `traceparent` the

@@ -1,5 +1,6 @@
 //! The broker a relay publishes to, chosen by its URL's scheme (`outbox_runtime::brokers`).
 
+use clap::Args;
 use outbox_seaorm::brokers::BrokerKind;
 use outbox_seaorm::brokers::kafka::KafkaPublisher;
 use outbox_seaorm::brokers::nats::NatsPublisher;
@@ -7,7 +8,28 @@ use outbox_seaorm::brokers::rabbitmq::RabbitPublisher;
 use outbox_seaorm::brokers::redis::RedisPublisher;
 use outbox_seaorm::{Destination, OutboxEvent, PublishError, Publisher};
 
-use crate::BrokerArgs;
+/// The broker a relay publishes to.
+#[derive(Args)]
+pub struct BrokerArgs {
+    /// The broker: nats://, kafka://, amqp:// (RabbitMQ) or redis:// (never printed with its password).
+    #[arg(long, env = "OUTBOX_BROKER", hide_env_values = true)]
+    pub broker: String,
+    /// Where each event goes: a template over {aggregate_type}, {aggregate_id}, {event_type}, {version}.
+    #[arg(long, env = "OUTBOX_DESTINATION", default_value = outbox_seaorm::broker::DEFAULT_DESTINATION)]
+    destination: String,
+    /// RabbitMQ: the exchange to publish to.
+    #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox")]
+    exchange: String,
+    /// RabbitMQ: declare the exchange (a durable topic exchange) at start.
+    #[arg(long, env = "OUTBOX_DECLARE_EXCHANGE")]
+    declare_exchange: bool,
+    /// NATS: create this JetStream stream at start unless it exists.
+    #[arg(long, env = "OUTBOX_NATS_STREAM")]
+    nats_stream: Option<String>,
+    /// NATS: the subjects of --nats-stream, comma-separated.
+    #[arg(long, env = "OUTBOX_NATS_SUBJECTS", value_delimiter = ',', default_value = ">")]
+    nats_subjects: Vec<String>,
+}
 
 /// Any of the four adapters (boxed: one is built per process, and their sizes differ a lot).
 pub enum AnyPublisher {

@@ -2,17 +2,115 @@
 //! health probes ([`http`](crate::http)). A broker that is down at start is retried (with the backlog in
 //! the log) until it answers; a bad URL or setting is fatal at once.
 
+use std::time::Duration;
+
+use clap::Args;
 use outbox_seaorm::brokers::{ConnectRetry, connect_with_retry};
 use outbox_seaorm::{
-    CancellationToken, CleanupConfig, DeadLetterPolicy, Health, OutboxService, SeaOrmStore, ServiceConfig, redact_url,
+    Backoff, CancellationToken, ClaimMode, CleanupConfig, DeadLetterPolicy, Health, OutboxService, RelayConfig,
+    SeaOrmStore, ServiceConfig, redact_url,
 };
 use outbox_seaorm::{admin, notify};
 use sea_orm::DatabaseConnection;
 
-use crate::{CliError, RelayArgs, broker, http};
+use crate::broker::BrokerArgs;
+use crate::db::ready_to_write;
+use crate::notify::ChannelArgs;
+use crate::{CliError, broker, duration, http};
 
-/// Runs the relay until a signal.
+/// The relay settings that decide how long an event may be retried (the cleanup checks its inbox
+/// retention against them).
+#[derive(Args, Clone)]
+pub struct RelayShape {
+    /// Failed attempts after which an event is dead.
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
+    max_attempts: i32,
+    /// The first retry delay; it doubles per attempt up to --backoff-max.
+    #[arg(long, env = "OUTBOX_BACKOFF_INITIAL", default_value = "1s", value_parser = duration::parse, value_name = "DURATION")]
+    backoff_initial: Duration,
+    /// The longest retry delay.
+    #[arg(long, env = "OUTBOX_BACKOFF_MAX", default_value = "5m", value_parser = duration::parse, value_name = "DURATION")]
+    backoff_max: Duration,
+    /// A publish that takes longer fails.
+    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value = "10s", value_parser = duration::parse, value_name = "DURATION")]
+    publish_timeout: Duration,
+    /// Lease mode: claim rows for this long and publish outside any transaction (for slow brokers).
+    #[arg(long, env = "OUTBOX_LEASE", value_parser = duration::parse, value_name = "DURATION")]
+    lease: Option<Duration>,
+}
+
+impl RelayShape {
+    pub fn config(&self) -> RelayConfig {
+        let mut config = RelayConfig::default()
+            .with_max_attempts(self.max_attempts)
+            .with_backoff(Backoff { initial: self.backoff_initial, max: self.backoff_max, multiplier: 2 })
+            .with_publish_timeout(self.publish_timeout);
+        if let Some(duration) = self.lease {
+            config = config.with_claim_mode(ClaimMode::Lease { duration });
+        }
+        config
+    }
+}
+
+#[derive(Args)]
+pub struct RelayArgs {
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    #[command(flatten)]
+    shape: RelayShape,
+    /// Most rows claimed per pass.
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 100)]
+    batch_size: u32,
+    /// Sleep between passes when nothing was due.
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "500ms", value_parser = duration::parse, value_name = "DURATION")]
+    poll_interval: Duration,
+    /// Relay tasks in this process.
+    #[arg(long, env = "OUTBOX_RELAYS", default_value_t = 1)]
+    pub relays: u32,
+    /// Let later events of an aggregate go on past a dead one (consumers see a gap).
+    #[arg(long, env = "OUTBOX_SKIP_DEAD")]
+    skip_dead: bool,
+    /// Delete published outbox rows older than this.
+    #[arg(long, env = "OUTBOX_OUTBOX_RETENTION", default_value = "7d", value_parser = duration::parse, value_name = "DURATION")]
+    outbox_retention: Duration,
+    /// Delete inbox rows older than this (default: keep them); must exceed the redelivery horizon.
+    #[arg(long, env = "OUTBOX_INBOX_RETENTION", value_parser = duration::parse, value_name = "DURATION")]
+    inbox_retention: Option<Duration>,
+    /// Time between cleanups.
+    #[arg(long, env = "OUTBOX_CLEANUP_INTERVAL", default_value = "5m", value_parser = duration::parse, value_name = "DURATION")]
+    cleanup_interval: Duration,
+    /// Most rows per cleanup statement.
+    #[arg(long, env = "OUTBOX_CLEANUP_BATCH_SIZE", default_value_t = 1000)]
+    cleanup_batch_size: u32,
+    /// Run no cleanup in this process.
+    #[arg(long, env = "OUTBOX_NO_CLEANUP")]
+    no_cleanup: bool,
+    /// Time between backlog samples.
+    #[arg(long, env = "OUTBOX_STATS_INTERVAL", default_value = "15s", value_parser = duration::parse, value_name = "DURATION")]
+    stats_interval: Duration,
+    /// Time between status lines in the log.
+    #[arg(long, env = "OUTBOX_STATUS_INTERVAL", default_value = "60s", value_parser = duration::parse, value_name = "DURATION")]
+    status_interval: Duration,
+    /// Serve /metrics (Prometheus text), /health/live and /health/ready on this address, e.g. 0.0.0.0:9090.
+    #[arg(long, env = "OUTBOX_HTTP")]
+    http: Option<std::net::SocketAddr>,
+    /// /health/ready answers 503 once the oldest pending event is this old.
+    #[arg(long, env = "OUTBOX_READY_MAX_PENDING_AGE", default_value = "60s", value_parser = duration::parse, value_name = "DURATION")]
+    ready_max_pending_age: Duration,
+    /// /health/ready answers 503 when no relay pass succeeded for this long.
+    #[arg(long, env = "OUTBOX_READY_MAX_PASS_AGE", default_value = "30s", value_parser = duration::parse, value_name = "DURATION")]
+    ready_max_pass_age: Duration,
+    /// PostgreSQL: LISTEN on the notify channel and pass as soon as another process commits outbox rows
+    /// (install the trigger with `outbox notify install`); the poll stays the fallback.
+    #[arg(long, env = "OUTBOX_LISTEN")]
+    pub listen: bool,
+    #[command(flatten)]
+    channel: ChannelArgs,
+}
+
+/// Runs the relay until a signal (refuses a database that is read-only or not migrated).
 pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError> {
+    ready_to_write(&db).await?;
     let mut relay = args.shape.config().with_batch_size(args.batch_size).with_poll_interval(args.poll_interval);
     if args.skip_dead {
         relay = relay.with_dead_letters(DeadLetterPolicy::SkipDead);

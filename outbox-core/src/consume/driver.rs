@@ -30,7 +30,7 @@ const MAX_FETCH_PAUSE: Duration = Duration::from_secs(5);
 pub(super) async fn run<T: Transport>(consumer: &Consumer, transport: &T, shutdown: CancellationToken) -> Result<()> {
     let span = tracing::info_span!(
         "outbox.consume",
-        messaging.system = transport.broker(),
+        messaging.system = crate::telemetry::messaging_system(transport.broker()),
         messaging.consumer.group.name = %consumer.name,
         messaging.source.name = %transport.source(),
     );

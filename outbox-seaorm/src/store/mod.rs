@@ -331,32 +331,33 @@ async fn mark<C: ConnectionTrait>(
         update.value(Column::PublishedAtMs, now_ms);
         report.published = conn.execute(&update).await?.rows_affected();
     }
-    // Each failure binds up to 7 values (its seq in the IN list and in three CASEs, the error, the next
-    // attempt, the dead time). Backends cap the values of one statement (SQLite 32766, PostgreSQL and MySQL
-    // 65535), which a full batch of 10000 failures would exceed, so failures are marked in groups.
-    for group in outcome.failed.chunks(FAILURES_PER_UPDATE) {
-        let (mut error, mut next, mut dead) = (CaseStatement::new(), CaseStatement::new(), CaseStatement::new());
-        let mut any_dead = false;
-        for failure in group {
-            let this = || Expr::col(Column::Seq).eq(failure.seq);
-            error = error.case(this(), Expr::val(truncate(&failure.error)));
-            next = next.case(this(), Expr::val(failure.next_attempt_at.timestamp_millis()));
-            if failure.dead {
-                dead = dead.case(this(), Expr::val(now_ms));
-                any_dead = true;
+    // Each failure binds up to 5 values (its seq in the IN list and in two CASEs, the error and the next
+    // attempt). Backends cap the values of one statement (SQLite 32766, PostgreSQL and MySQL 65535), which a
+    // full batch of 10000 failures would exceed, so failures are marked in groups. Dead rows and rows to
+    // retry go in separate statements, so that the rows each one marks are counted apart.
+    let (dead, retried): (Vec<_>, Vec<_>) = outcome.failed.into_iter().partition(|f| f.dead);
+    for (is_dead, failures) in [(true, dead), (false, retried)] {
+        for group in failures.chunks(FAILURES_PER_UPDATE) {
+            let (mut error, mut next) = (CaseStatement::new(), CaseStatement::new());
+            for failure in group {
+                let this = || Expr::col(Column::Seq).eq(failure.seq);
+                error = error.case(this(), Expr::val(truncate(&failure.error)));
+                next = next.case(this(), Expr::val(failure.next_attempt_at.timestamp_millis()));
+            }
+            let mut update = fenced_update(group.iter().map(|f| f.seq).collect(), token);
+            update
+                .value(Column::Attempts, Expr::col(Column::Attempts).add(1))
+                .value(Column::LastError, error)
+                .value(Column::NextAttemptAtMs, next);
+            if is_dead {
+                update.value(Column::DeadAtMs, now_ms);
+            }
+            let marked = conn.execute(&update).await?.rows_affected();
+            report.failed += marked;
+            if is_dead {
+                report.dead += marked;
             }
         }
-        let mut update = fenced_update(group.iter().map(|f| f.seq).collect(), token);
-        update
-            .value(Column::Attempts, Expr::col(Column::Attempts).add(1))
-            .value(Column::LastError, error)
-            .value(Column::NextAttemptAtMs, next);
-        // A CASE without any WHEN renders as `(CASE ELSE dead_at_ms END)`, which no backend accepts: touch
-        // `dead_at_ms` only when some failure in this group is dead.
-        if any_dead {
-            update.value(Column::DeadAtMs, dead.finally(Expr::col(Column::DeadAtMs)));
-        }
-        report.failed += conn.execute(&update).await?.rows_affected();
     }
     report.fenced = expected - report.published - report.failed;
     Ok(report)

@@ -76,14 +76,16 @@
 /// client and the mock cluster.
 pub use rdkafka;
 
+mod commits;
 mod config;
 mod publisher;
 mod replay;
 mod transport;
 
+pub use commits::KafkaCommitStats;
 pub use config::{
     DEFAULT_DEAD_LETTER_SUFFIX, DEFAULT_MESSAGE_TIMEOUT_MS, DEFAULT_TOPIC_TEMPLATE, MAX_TOPIC_LEN, REPLAY_GROUP_SUFFIX,
     Subscription, bootstrap_servers, default_destination, validate_topic,
 };
 pub use publisher::KafkaPublisher;
-pub use transport::{DEFAULT_COMMIT_INTERVAL, DEFAULT_COMMIT_TIMEOUT, KafkaCommitStats, KafkaReceipt, KafkaTransport};
+pub use transport::{DEFAULT_COMMIT_INTERVAL, DEFAULT_COMMIT_TIMEOUT, KafkaReceipt, KafkaTransport};

@@ -8,8 +8,9 @@ use crate::error::{Error, Result};
 
 use super::BROKER;
 
-/// The default subject template: `{aggregate_type}.{event_type}`.
-pub const DEFAULT_SUBJECT_TEMPLATE: &str = "{aggregate_type}.{event_type}";
+/// The default subject template: [`DEFAULT_DESTINATION`](crate::broker::DEFAULT_DESTINATION),
+/// `{event_type}` (e.g. `order.placed`, which a stream subject such as `order.>` captures).
+pub const DEFAULT_SUBJECT_TEMPLATE: &str = crate::broker::DEFAULT_DESTINATION;
 
 /// The dedup window [`NatsPublisher::ensure_stream`](super::NatsPublisher::ensure_stream) gives a stream
 /// (and a transport gives the dead-letter stream it creates): a republish of the same `Nats-Msg-Id` within

@@ -2,24 +2,26 @@
 //! server may count unacknowledged deliveries this transport never received (lost in flight, or left by
 //! a process that stopped without releasing them). JetStream redelivers them only after `ack_wait`, and
 //! then ahead of newer messages; until they are back, newer messages fetched meanwhile wait in a stash.
+//!
+//! [`Recovery`] is the state and its rules, with no I/O: the transport asks the server and reports here.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::consume::Delivery;
-use crate::error::{Error, Result};
-
-use super::BROKER;
-use super::transport::{NatsReceipt, NatsTransport, lock};
 
 /// How long after `ack_wait` recovery lasts at most, for the server's redelivery timer.
 const REDELIVERY_MARGIN: Duration = Duration::from_millis(500);
 
-/// The recovery state of one transport.
-pub(super) struct Recovery {
+/// The recovery state of one transport, for deliveries with receipts `R`.
+pub(super) struct Recovery<R> {
+    state: Mutex<State<R>>,
+}
+
+struct State<R> {
     /// The client's connect count at the last check.
     connects: u64,
     /// A fetch failed or timed out: something may have been delivered and lost.
@@ -27,112 +29,126 @@ pub(super) struct Recovery {
     /// Recovering until then at most: only redeliveries go to the driver.
     until: Option<Instant>,
     /// New messages fetched while recovering, in stream order, held back until recovery ends.
-    stash: VecDeque<Delivery<NatsReceipt>>,
+    stash: VecDeque<Delivery<R>>,
 }
 
-impl Recovery {
+impl<R> Recovery<R> {
     /// A transport starts suspicious: a previous process may have left deliveries unacknowledged.
     pub(super) fn new(connects: u64) -> Self {
-        Recovery { connects, suspect: true, until: None, stash: VecDeque::new() }
+        Recovery { state: Mutex::new(State { connects, suspect: true, until: None, stash: VecDeque::new() }) }
     }
-}
 
-impl NatsTransport {
+    fn lock(&self) -> MutexGuard<'_, State<R>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Something may have been delivered and not received: check before the next fetch.
     pub(super) fn suspect(&self) {
-        lock(&self.recovery).suspect = true;
+        self.lock().suspect = true;
     }
 
-    /// Whether the next fetch is a recovering one (see the module docs), starting or ending recovery.
-    pub(super) async fn recovering(&self) -> Result<bool> {
-        if !self.options.wait_for_lost_deliveries {
-            return Ok(false);
+    /// Whether the server's count of unacknowledged deliveries must be read before the next fetch
+    /// (recovering, suspect, or reconnected since the last check, given the client's `connects` count).
+    /// Ends a recovery that outlasted its limit.
+    pub(super) fn needs_check(&self, connects: u64, consumer: &str) -> bool {
+        let mut state = self.lock();
+        if state.until.is_some_and(|until| Instant::now() >= until) {
+            state.until = None;
+            tracing::info!(consumer, stashed = state.stash.len(), "recovery ended after ack_wait");
         }
-        let connects = self.client().statistics().connects.load(Ordering::Relaxed);
-        let check = {
-            let mut recovery = lock(&self.recovery);
-            if recovery.until.is_some_and(|until| Instant::now() >= until) {
-                recovery.until = None;
-                tracing::info!(consumer = %self.durable_name(), stashed = recovery.stash.len(), "recovery ended after ack_wait");
-            }
-            recovery.until.is_some() || recovery.suspect || recovery.connects != connects
-        };
-        if !check {
-            return Ok(false);
-        }
-        let info = tokio::time::timeout(self.options.request_timeout, self.info())
-            .await
-            .map_err(|_| Error::broker(BROKER, format!("read consumer {:?}", self.durable_name()), "timed out"))??;
-        let held = self.held();
-        let mut recovery = lock(&self.recovery);
-        recovery.suspect = false;
-        recovery.connects = connects;
-        let lost = info.num_ack_pending > held;
-        match (lost, recovery.until) {
+        state.until.is_some() || state.suspect || state.connects != connects
+    }
+
+    /// Takes the server's answer to a check: it counts `unacknowledged` deliveries while the transport
+    /// holds `held`. More means some were lost: recovery starts (for `ack_wait` plus a margin at most);
+    /// not more ends it. Returns whether the next fetch is a recovering one.
+    pub(super) fn checked(
+        &self,
+        connects: u64,
+        unacknowledged: usize,
+        held: usize,
+        ack_wait: Duration,
+        consumer: &str,
+    ) -> bool {
+        let mut state = self.lock();
+        state.suspect = false;
+        state.connects = connects;
+        let lost = unacknowledged > held;
+        match (lost, state.until) {
             (true, None) => {
-                let limit = self.ack_wait() + REDELIVERY_MARGIN;
-                recovery.until = Some(Instant::now() + limit);
+                let limit = ack_wait + REDELIVERY_MARGIN;
+                state.until = Some(Instant::now() + limit);
                 tracing::warn!(
                     messaging.system = "nats",
-                    consumer = %self.durable_name(),
-                    unacknowledged = info.num_ack_pending,
+                    consumer,
+                    unacknowledged,
                     held,
                     ?limit,
                     "the server has unacknowledged deliveries this transport does not hold (lost in flight, or left by a consumer that stopped): newer messages wait until they are redelivered"
                 );
             }
             (false, Some(_)) => {
-                recovery.until = None;
-                tracing::info!(consumer = %self.durable_name(), stashed = recovery.stash.len(), "every lost delivery is back; recovery ended");
+                state.until = None;
+                tracing::info!(consumer, stashed = state.stash.len(), "every lost delivery is back; recovery ended");
             }
             _ => {}
         }
-        Ok(recovery.until.is_some())
+        state.until.is_some()
     }
 
     /// Whether new messages wait in the stash (a recovering fetch then asks for one message at a time).
     pub(super) fn stashed(&self) -> bool {
-        !lock(&self.recovery).stash.is_empty()
+        !self.lock().stash.is_empty()
     }
 
-    /// Up to `max` stashed messages, oldest first, once recovery ended.
-    pub(super) fn take_stash(&self, max: usize) -> Vec<Delivery<NatsReceipt>> {
-        let mut recovery = lock(&self.recovery);
-        let n = max.min(recovery.stash.len());
-        recovery.stash.drain(..n).collect()
+    /// Up to `max` stashed messages, oldest first (for a fetch once recovery ended).
+    pub(super) fn take_stash(&self, max: usize) -> Vec<Delivery<R>> {
+        let mut state = self.lock();
+        let n = max.min(state.stash.len());
+        state.stash.drain(..n).collect()
     }
 
     /// The redeliveries of a recovering fetch; its new messages go to the stash.
-    pub(super) fn sort_recovered(&self, batch: Vec<Delivery<NatsReceipt>>) -> Vec<Delivery<NatsReceipt>> {
-        let mut recovery = lock(&self.recovery);
+    pub(super) fn sort_recovered(&self, batch: Vec<Delivery<R>>) -> Vec<Delivery<R>> {
+        let mut state = self.lock();
         let mut out = Vec::new();
         for delivery in batch {
             if delivery.deliveries > 1 {
                 out.push(delivery);
             } else {
-                recovery.stash.push_back(delivery);
+                state.stash.push_back(delivery);
             }
         }
         out
     }
+
+    /// Empties the stash, for handing its messages back.
+    pub(super) fn drain(&self) -> Vec<R> {
+        self.lock().stash.drain(..).map(|delivery| delivery.receipt).collect()
+    }
 }
 
-impl Drop for NatsTransport {
-    /// Hands stashed messages back (`-NAK`), so they are redelivered at once rather than after `ack_wait`.
-    fn drop(&mut self) {
-        let stash: Vec<_> = lock(&self.recovery).stash.drain(..).map(|delivery| delivery.receipt).collect();
-        if stash.is_empty() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let client = self.client().clone();
-        runtime.spawn(async move {
-            for receipt in stash {
-                if client.publish(receipt.reply().clone(), "-NAK".into()).await.is_err() {
-                    return;
-                }
-            }
-            let _ = client.flush().await;
-        });
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(receipt: u32, deliveries: u32) -> Delivery<u32> {
+        Delivery { headers: Default::default(), payload: Vec::new(), origin: String::new(), deliveries, receipt }
+    }
+
+    #[test]
+    fn new_messages_wait_in_the_stash_until_lost_deliveries_are_back() {
+        let recovery = Recovery::new(1);
+        assert!(recovery.needs_check(1, "c"), "a fresh transport checks before its first fetch");
+        assert!(recovery.checked(1, 2, 0, Duration::from_secs(30), "c"), "the server counts deliveries nobody holds");
+        let handed = recovery.sort_recovered(vec![delivery(1, 2), delivery(2, 1), delivery(3, 1)]);
+        assert_eq!(handed.iter().map(|d| d.receipt).collect::<Vec<_>>(), [1]);
+        assert!(recovery.stashed());
+        assert!(recovery.needs_check(1, "c"), "checks again while recovering");
+        assert!(!recovery.checked(1, 3, 3, Duration::from_secs(30), "c"), "everything unacknowledged is held");
+        assert!(!recovery.needs_check(1, "c"));
+        assert!(recovery.needs_check(2, "c"), "a reconnect calls for a check");
+        assert_eq!(recovery.take_stash(1).iter().map(|d| d.receipt).collect::<Vec<_>>(), [2]);
+        assert_eq!(recovery.drain(), [3]);
     }
 }

@@ -1,8 +1,8 @@
 //! [`NatsTransport`]: a durable pull consumer as the consume driver's [`Transport`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
@@ -39,10 +39,6 @@ impl NatsReceipt {
     pub fn stream_sequence(&self) -> u64 {
         self.stream_sequence
     }
-
-    pub(super) fn reply(&self) -> &Subject {
-        &self.reply
-    }
 }
 
 /// A message the transport handed to the driver and that is not acked or released yet.
@@ -51,10 +47,6 @@ struct Shared {
     client: Client,
     held: HeldSet<u64, Subject>,
     next_key: AtomicU64,
-}
-
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The consume side of NATS JetStream: a durable pull consumer with explicit acks, for
@@ -70,7 +62,7 @@ pub struct NatsTransport {
     ack_wait: Duration,
     pub(super) options: NatsTransportOptions,
     shared: Arc<Shared>,
-    pub(super) recovery: Mutex<Recovery>,
+    recovery: Recovery<NatsReceipt>,
     _keeper: DropGuard,
 }
 
@@ -231,7 +223,7 @@ impl NatsTransport {
             ack_wait,
             options,
             shared,
-            recovery: Mutex::new(Recovery::new(connects)),
+            recovery: Recovery::new(connects),
             _keeper: stop.drop_guard(),
         })
     }
@@ -284,14 +276,27 @@ impl NatsTransport {
         self.shared.held.remove(&receipt.key);
     }
 
-    /// How many messages the transport holds (handed to the driver, or stashed) and has not acked or
-    /// released.
-    pub(super) fn held(&self) -> usize {
-        self.shared.held.len()
+    /// Something may have been delivered and not received: check before the next fetch.
+    fn suspect(&self) {
+        self.recovery.suspect();
     }
 
-    pub(super) fn client(&self) -> &Client {
-        &self.shared.client
+    /// Whether the next fetch is a recovering one (see the `recovery` module): asks the server
+    /// for its count of unacknowledged deliveries when the recovery state calls for a check.
+    async fn recovering(&self) -> Result<bool> {
+        if !self.options.wait_for_lost_deliveries {
+            return Ok(false);
+        }
+        let connects = self.shared.client.statistics().connects.load(Ordering::Relaxed);
+        if !self.recovery.needs_check(connects, &self.durable) {
+            return Ok(false);
+        }
+        let info = tokio::time::timeout(self.options.request_timeout, self.info())
+            .await
+            .map_err(|_| Error::broker(BROKER, format!("read consumer {:?}", self.durable), "timed out"))??;
+        // Held: handed to the driver or stashed, and not acked or released.
+        let held = self.shared.held.len();
+        Ok(self.recovery.checked(connects, info.num_ack_pending, held, self.ack_wait, &self.durable))
     }
 
     /// One pull request for up to `max` messages that expires after `wait`.
@@ -421,15 +426,15 @@ impl Transport for NatsTransport {
     /// redeliveries are handed out and new messages wait.
     async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery<NatsReceipt>>> {
         if !self.recovering().await? {
-            let stashed = self.take_stash(max);
+            let stashed = self.recovery.take_stash(max);
             if !stashed.is_empty() {
                 return Ok(stashed);
             }
             return self.pull(max, wait).await;
         }
-        let max = if self.stashed() { 1 } else { max };
+        let max = if self.recovery.stashed() { 1 } else { max };
         let batch = self.pull(max, wait).await?;
-        Ok(self.sort_recovered(batch))
+        Ok(self.recovery.sort_recovered(batch))
     }
 
     /// `+ACK`, as a request: `Ok` once the server confirmed it.
@@ -515,5 +520,25 @@ impl Transport for NatsTransport {
             .publish(receipt.reply.clone(), "+WPI".into())
             .await
             .map_err(|e| Error::broker(BROKER, self.what("keep alive", receipt), e))
+    }
+}
+
+impl Drop for NatsTransport {
+    /// Hands stashed messages back (`-NAK`), so they are redelivered at once rather than after `ack_wait`.
+    fn drop(&mut self) {
+        let stash = self.recovery.drain();
+        if stash.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let client = self.shared.client.clone();
+        runtime.spawn(async move {
+            for receipt in stash {
+                if client.publish(receipt.reply, "-NAK".into()).await.is_err() {
+                    return;
+                }
+            }
+            let _ = client.flush().await;
+        });
     }
 }

@@ -15,9 +15,9 @@ use crate::text::{redact_url, truncate};
 
 pub(super) const BROKER: &str = "RabbitMQ";
 
-/// The default routing-key template: `"{aggregate_type}.{event_type}"`, e.g. `order.order.placed`, which a
-/// topic binding such as `order.#` matches.
-pub const DEFAULT_ROUTING_KEY: &str = "{aggregate_type}.{event_type}";
+/// The default routing-key template: [`DEFAULT_DESTINATION`](crate::broker::DEFAULT_DESTINATION),
+/// `{event_type}`, e.g. `order.placed`, which a topic binding such as `order.#` matches.
+pub const DEFAULT_ROUTING_KEY: &str = crate::broker::DEFAULT_DESTINATION;
 
 /// The longest routing key, exchange or queue name AMQP 0-9-1 can carry (a short string), in bytes.
 pub const MAX_ROUTING_KEY_LEN: usize = 255;
