@@ -102,7 +102,7 @@ const GROUPS: [&str; 2] = ["bench-one", "bench-group"];
 
 /// The broker a round relayed to, kept to read it back and delete what the round created.
 enum Broker {
-    Nats(NatsPublisher),
+    Nats(Box<NatsPublisher>),
     Redis,
     Rabbit,
 }
@@ -139,7 +139,7 @@ async fn relay(ctx: &Ctx, broker: &str, tag: &str, expected: u64) -> Result<(Run
             let destination = Destination::parse(&format!("{prefix}.{{event_type}}")).context("destination")?;
             let publisher = NatsPublisher::connect(NATS_URL, destination).await?;
             publisher.ensure_stream(&Broker::nats_stream(tag), &[&format!("{prefix}.>")]).await?;
-            Ok((drain(ctx, publisher.clone(), expected).await?, Broker::Nats(publisher)))
+            Ok((drain(ctx, publisher.clone(), expected).await?, Broker::Nats(Box::new(publisher))))
         }
         "Redis Streams" => {
             let destination = Destination::fixed(&Broker::redis_stream(tag)).context("destination")?;
