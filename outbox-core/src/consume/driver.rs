@@ -303,13 +303,7 @@ impl<'a, T: Transport> Driver<'a, T> {
 
     /// One message of a group, inside the group's transaction.
     async fn apply_in_group(&self, delivery: &Delivery<T::Receipt>) -> Step {
-        let span = crate::telemetry::process_span(
-            self.transport.broker(),
-            &self.consumer.name,
-            &delivery.origin,
-            &delivery.headers,
-            delivery.deliveries,
-        );
+        let span = self.process_span(delivery);
         async {
             let (route, event) = match self.plan(delivery) {
                 Plan::Skip(event) => return Step::Applied(Applied::Skipped(event.event_type)),
@@ -371,14 +365,19 @@ impl<'a, T: Transport> Driver<'a, T> {
     /// Takes one message to its end: acked (applied, duplicate, skipped, dead-lettered) or released
     /// (shutdown). Returns its lane.
     async fn settle(&self, delivery: Delivery<T::Receipt>, lane: String) -> String {
-        let span = crate::telemetry::process_span(
+        let span = self.process_span(&delivery);
+        self.settle_in_span(delivery, lane).instrument(span).await
+    }
+
+    /// The span of one attempt at a message.
+    fn process_span(&self, delivery: &Delivery<T::Receipt>) -> tracing::Span {
+        crate::telemetry::process_span(
             self.transport.broker(),
             &self.consumer.name,
             &delivery.origin,
             &delivery.headers,
             delivery.deliveries,
-        );
-        self.settle_in_span(delivery, lane).instrument(span).await
+        )
     }
 
     async fn settle_in_span(&self, delivery: Delivery<T::Receipt>, lane: String) -> String {
