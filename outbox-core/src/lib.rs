@@ -172,9 +172,9 @@ pub mod __private {
     impl<T: ?Sized> NoSerialize for SerdeProbe<T> {}
 }
 
-/// The same module under a name `outbox_seaorm`'s `pub use outbox_runtime::*` does not shadow (it has a
-/// `__private` of its own): the derives reach it as `outbox_seaorm::__derive` or `outbox_runtime::__derive`,
-/// so the generated code names only the crate the app depends on.
+/// The same module under a name that does not collide with `outbox_seaorm`'s own `__private`: outbox-seaorm
+/// re-exports it, so the derives reach it as `outbox_seaorm::__derive` or `outbox_runtime::__derive` and the
+/// generated code names only the crate the app depends on.
 #[doc(hidden)]
 pub use self::__private as __derive;
 

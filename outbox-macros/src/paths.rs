@@ -6,8 +6,8 @@ use quote::quote;
 use syn::Ident;
 
 /// The support module of `#[derive(DomainEvent)]` and `#[derive(PayloadSchema)]`, the runtime's
-/// `__private` under the name `__derive`: `outbox_seaorm::__derive` (re-exported by outbox-seaorm's
-/// `pub use outbox_runtime::*`) in an app that depends on outbox-seaorm, `outbox_runtime::__derive` in a
+/// `__private` under the name `__derive`: `outbox_seaorm::__derive` (re-exported by outbox-seaorm) in an
+/// app that depends on outbox-seaorm, `outbox_runtime::__derive` in a
 /// crate that depends only on the runtime (a consumer-only crate declaring events without any database
 /// driver); renamed dependencies are followed.
 pub fn derive_private() -> TokenStream {
