@@ -24,7 +24,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use outbox_seaorm::consume::Transport;
 use outbox_seaorm::prelude::*;
-use outbox_seaorm::{BoxError, CancellationToken, Publisher};
+use outbox_seaorm::{BoxError, CancellationToken, OutboxService, Publisher, SeaOrmGroupCommit};
 use sea_orm::{DatabaseConnection, DbErr, EntityTrait, QueryOrder, SqlErr};
 use tokio::net::TcpListener;
 
@@ -83,19 +83,23 @@ where
 
 /// The outbox's background half: the relay publishes committed events through `publisher`, and billing
 /// consumes them from `transport`, until `shutdown` is cancelled.
-pub async fn run_outbox<P: Publisher, T: Transport>(
+pub async fn run_outbox<P: Publisher + 'static, T: Transport>(
     db: DatabaseConnection,
     publisher: P,
     transport: T,
     shutdown: CancellationToken,
 ) -> Result<(), BoxError> {
-    let relay = Relay::new(SeaOrmStore::new(db.clone()), publisher, RelayConfig::default())?;
-    let billing = Consumer::new("billing")?.on::<OrderPlaced>(move |placed: Received<OrderPlaced>| {
-        let db = db.clone();
-        async move { bill(&db, &placed.envelope).await } // inbox dedup + effect, one transaction
-    });
-    // claim → publish → mark, and fetch → handle → ack after commit; both stop when `shutdown` is cancelled
-    let ((), consumed) = tokio::join!(relay.run(shutdown.clone()), billing.run(&transport, shutdown));
+    // The relay (claim → publish → mark), cleanup of published rows and a stats sampler, in the background
+    let outbox = OutboxService::builder(SeaOrmStore::new(db.clone()), publisher).shutdown_on(&shutdown).start()?;
+    let billing = Consumer::new("billing")?
+        .with_group_commit(SeaOrmGroupCommit::new(db.clone())) // up to 32 messages per commit
+        .on::<OrderPlaced>(move |placed: Received<OrderPlaced>| {
+            let db = db.clone();
+            async move { bill(&db, &placed.envelope).await } // inbox dedup + effect, in the group's transaction
+        });
+    // fetch → handle → ack after commit; both stop when `shutdown` is cancelled
+    let consumed = billing.run(&transport, shutdown).await;
+    outbox.stopped().await;
     Ok(consumed?)
 }
 

@@ -21,11 +21,10 @@ use loco_rs::prelude::{State, async_trait, post};
 use loco_rs::task::Tasks;
 use loco_rs::{Error, Result};
 use outbox_seaorm::prelude::*;
-use outbox_seaorm::{CancellationToken, InMemoryPublisher};
+use outbox_seaorm::{InMemoryPublisher, OutboxService};
 use sea_orm::sea_query::{Alias, Query};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 use serde::{Deserialize, Serialize};
-use tokio::task::JoinHandle;
 
 /// The app.
 pub struct App;
@@ -78,11 +77,9 @@ impl Hooks for App {
 /// broker's publisher instead (`NatsPublisher`, `KafkaPublisher`, ... with that feature of outbox-seaorm).
 pub struct OutboxRelay;
 
-/// The relay task and the token that stops it, kept in the app's shared store between start and shutdown.
-struct RunningRelay {
-    shutdown: CancellationToken,
-    task: JoinHandle<()>,
-}
+/// The outbox service (relays, cleanup of published rows, a stats sampler), kept in the app's shared store
+/// between start and shutdown.
+struct RunningOutbox(OutboxService);
 
 #[async_trait]
 impl Initializer for OutboxRelay {
@@ -93,14 +90,10 @@ impl Initializer for OutboxRelay {
     /// Starts the relay on the app's own connection pool, after migrations ran.
     async fn before_run(&self, ctx: &AppContext) -> Result<()> {
         let store = SeaOrmStore::new(ctx.db.clone());
-        let relay = Relay::new(store, InMemoryPublisher::new(), RelayConfig::default()).map_err(Error::wrap)?;
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn({
-            let shutdown = shutdown.clone();
-            async move { relay.run(shutdown).await }
-        });
-        ctx.shared_store.insert(RunningRelay { shutdown, task });
-        tracing::info!("outbox relay started");
+        // An app passes its broker's publisher here (`brokers::nats::NatsPublisher`, ...).
+        let service = OutboxService::builder(store, InMemoryPublisher::new()).start().map_err(Error::wrap)?;
+        ctx.shared_store.insert(RunningOutbox(service));
+        tracing::info!("outbox service started");
         Ok(())
     }
 }
@@ -108,12 +101,8 @@ impl Initializer for OutboxRelay {
 impl OutboxRelay {
     /// Stops the relay [`before_run`](Initializer::before_run) started and waits for its current pass.
     pub async fn stop(ctx: &AppContext) {
-        let Some(running) = ctx.shared_store.remove::<RunningRelay>() else { return };
-        running.shutdown.cancel();
-        match running.task.await {
-            Ok(()) => tracing::info!("outbox relay stopped"),
-            Err(error) => tracing::error!(%error, "outbox relay task failed"),
-        }
+        let Some(RunningOutbox(service)) = ctx.shared_store.remove::<RunningOutbox>() else { return };
+        service.shutdown().await; // claims nothing more; the batch in flight is recorded or released
     }
 }
 
