@@ -24,7 +24,7 @@ use crate::sql::{KeyedSelect, Sql};
 /// change to go with it.
 ///
 /// ## Waking the relay
-/// Afterwards the relays of this process are woken ([`wake_relays`](crate::wake_relays)). Through a
+/// Afterwards the relays of this process are woken ([`wake_relays`](outbox_runtime::wake_relays)). Through a
 /// plain connection the row is committed by then, and an idle relay publishes it at once. Inside your
 /// transaction the row is not committed yet, so that signal comes early (the relay finds nothing and goes
 /// back to its poll): call [`notify_committed`] after your `commit()` for the same immediacy.

@@ -1,6 +1,6 @@
 //! Cross-process wake-ups on PostgreSQL: LISTEN/NOTIFY, optional, with polling always behind it.
 //!
-//! The in-process wake-up ([`wake_relays`](crate::wake_relays)) only reaches relays of the process that
+//! The in-process wake-up ([`wake_relays`](outbox_runtime::wake_relays)) only reaches relays of the process that
 //! committed. For relays in other processes (an `outbox relay` daemon, other replicas), PostgreSQL can
 //! send a notification when outbox rows commit:
 //!
@@ -12,7 +12,7 @@
 //!   in other languages and hand-written `INSERT`s; removing it ([`remove_notify_trigger`]) turns the
 //!   feature off for every writer at once. Nothing is notified unless you install it.
 //! - **The listen side** is [`NotifyListener`] (feature `sqlx-postgres`): one connection of SeaORM's
-//!   pool held in `LISTEN channel`, calling [`wake_relays`](crate::wake_relays) on each notification.
+//!   pool held in `LISTEN channel`, calling [`wake_relays`](outbox_runtime::wake_relays) on each notification.
 //!   When the connection dies it reconnects with backoff (100 ms doubling to 30 s), and wakes the relays
 //!   once after every reconnect, since notifications sent while it was away are lost.
 //!
