@@ -199,3 +199,46 @@ async fn a_dead_outcome_fenced_by_another_relay_is_not_counted_dead(t: TestDb) {
     assert!(row.lease_token.is_some(), "{t}: the other relay still holds the row");
 }
 per_backend!(a_dead_outcome_fenced_by_another_relay_is_not_counted_dead, "lease_dead_fenced");
+
+async fn a_lease_is_stamped_on_each_runs_head_and_keeps_the_whole_run_from_other_relays(t: TestDb) {
+    let run: Vec<_> = (1..=3).map(|n| event("o1", &format!("e{n}"), n)).collect();
+    let other = event("o2", "order.placed", 4);
+    enqueue_committed(&t, &[run.clone(), vec![other.clone()]].concat()).await;
+    let now = Utc::now();
+    let a = SeaOrmStore::new(t.reconnect().await);
+    let b = SeaOrmStore::new(t.reconnect().await);
+    let held = a.claim(lease_request(now)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(held.events().len(), 4, "{t}");
+
+    let head = outbox_row(&t, run[0].id()).await;
+    let token = head.lease_token.clone().unwrap_or_else(|| panic!("{t}: the run's head carries the lease"));
+    assert_eq!(outbox_row(&t, other.id()).await.lease_token.as_ref(), Some(&token), "{t}: a run of one is its head");
+    for e in &run[1..] {
+        assert_eq!(outbox_row(&t, e.id()).await.lease_token, None, "{t}: one write per run, not per event");
+    }
+    let during = b.claim(lease_request(after(now, LEASE / 2))).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert!(during.events().is_empty(), "{t}: no row of a leased run is claimable, the unstamped ones included");
+    drop(during);
+
+    // The head is published, the second event fails, the third is released behind it.
+    let seq =
+        |e: &outbox_seaorm::NewEvent| held.events().iter().find(|c| c.id == e.id()).map(|c| c.seq).expect("claimed");
+    let failure =
+        Failure { seq: seq(&run[1]), error: "nack".to_owned(), next_attempt_at: after(now, CAP), dead: false };
+    let outcome = BatchOutcome {
+        now: after(now, LEASE / 2),
+        published: vec![seq(&run[0]), seq(&other)],
+        failed: vec![failure],
+        released: vec![seq(&run[2])],
+    };
+    let report = held.complete(outcome).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((report.published, report.failed, report.fenced), (2, 1, 0), "{t}: {report:?}");
+    for e in run.iter().chain([&other]) {
+        let row = outbox_row(&t, e.id()).await;
+        assert_eq!((row.lease_token, row.lease_until_ms), (None, None), "{t}: every lease ends with the mark");
+    }
+    let retried = b.claim(lease_request(after(now, CAP))).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let versions: Vec<i64> = retried.events().iter().map(|e| e.aggregate_version).collect();
+    assert_eq!(versions, [2, 3], "{t}: the rest of the run is taken from its new head, in order");
+}
+per_backend!(a_lease_is_stamped_on_each_runs_head_and_keeps_the_whole_run_from_other_relays, "lease_on_heads");

@@ -92,8 +92,16 @@ impl SeaOrmStore {
     }
 }
 
-fn seqs_of(events: &[OutboxEvent]) -> Vec<i64> {
-    events.iter().map(|e| e.seq).collect()
+/// The `seq` of each run's head: the first event of each aggregate in a claim (runs are claimed whole,
+/// in version order, from the aggregate's oldest unpublished event).
+///
+/// Lease mode stamps its lease on these rows only. That is enough to keep other relays off the whole run,
+/// because a claim takes the rest of a run only behind a head it holds (see [`claim`]), and enough to
+/// fence: the mark first locks the heads still carrying its token, and records the outcome of those
+/// aggregates only. One write per run instead of one per event.
+fn run_heads(events: &[OutboxEvent]) -> Vec<i64> {
+    let mut seen = std::collections::HashSet::new();
+    events.iter().filter(|e| seen.insert((&e.aggregate_type, &e.aggregate_id))).map(|e| e.seq).collect()
 }
 
 /// The claim a relay holds while it publishes.
@@ -111,8 +119,8 @@ pub struct SeaOrmBatch {
 enum Hold {
     /// Rows locked by this open transaction.
     Transaction(DatabaseTransaction),
-    /// Rows leased under this token.
-    Lease { db: DatabaseConnection, token: String },
+    /// Runs leased under this token: the lease is stamped on each run's head only (see [`run_heads`]).
+    Lease { db: DatabaseConnection, token: String, heads: Vec<i64> },
     /// Nothing claimed.
     Nothing,
 }
@@ -156,15 +164,16 @@ impl OutboxStore for SeaOrmStore {
                 let token = Uuid::new_v4().to_string();
                 let lease_ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
                 let until_ms = request.now.timestamp_millis().saturating_add(lease_ms);
+                let heads = run_heads(&events);
                 let mut lease = Query::update();
                 lease
                     .table(Entity)
                     .value(Column::LeaseToken, token.clone())
                     .value(Column::LeaseUntilMs, until_ms)
-                    .and_where(Expr::col(Column::Seq).is_in(seqs_of(&events)));
+                    .and_where(Expr::col(Column::Seq).is_in(heads.iter().copied()));
                 txn.execute(&lease).await.map_err(self.err("lease a batch"))?;
                 txn.commit().await.map_err(self.err("commit a lease"))?;
-                Hold::Lease { db: self.db.clone(), token }
+                Hold::Lease { db: self.db.clone(), token, heads }
             }
         };
         tracing::debug!(claimed = events.len(), "outbox batch claimed");
@@ -303,31 +312,75 @@ pub(crate) async fn begin_writing(db: &DatabaseConnection) -> std::result::Resul
     db.begin_with_options(options).await
 }
 
-/// `UPDATE … WHERE seq IN (…)`, fenced by the lease token in lease mode.
-fn fenced_update(seqs: Vec<i64>, token: Option<&str>) -> UpdateStatement {
+/// `UPDATE … WHERE seq IN (…)` that also ends the rows' lease, if any. In lease mode the caller has checked
+/// that it still holds their runs ([`lock_held_heads`]).
+fn settle(seqs: Vec<i64>) -> UpdateStatement {
     let mut update = Query::update();
     update.table(Entity).and_where(Expr::col(Column::Seq).is_in(seqs));
-    if let Some(token) = token {
-        update.and_where(Expr::col(Column::LeaseToken).eq(token));
-    }
     update.value(Column::LeaseToken, Option::<String>::None).value(Column::LeaseUntilMs, Option::<i64>::None);
     update
+}
+
+/// Locks the heads in `heads` that still carry `token` (`FOR UPDATE`; SQLite's `BEGIN IMMEDIATE` holds the
+/// whole database) and returns them: a relay that took a run over has stamped its own token on the head,
+/// and cannot take it back until this transaction ends.
+async fn lock_held_heads(
+    txn: &DatabaseTransaction,
+    heads: Vec<i64>,
+    token: &str,
+) -> std::result::Result<std::collections::HashSet<i64>, DbErr> {
+    let mut select = Query::select();
+    select
+        .column(Column::Seq)
+        .from(Entity)
+        .and_where(Expr::col(Column::Seq).is_in(heads))
+        .and_where(Expr::col(Column::LeaseToken).eq(token));
+    if txn.get_database_backend() != DbBackend::Sqlite {
+        select.lock(sea_orm::sea_query::LockType::Update);
+    }
+    let rows = txn.query_all(&select).await?;
+    rows.iter().map(|row| row.try_get::<i64>("", "seq")).collect()
+}
+
+/// The part of `outcome` on runs whose head this relay still holds, and how many published or failed rows
+/// it leaves out (fenced: another relay holds their run now).
+fn keep_held(
+    events: &[OutboxEvent],
+    held: &std::collections::HashSet<i64>,
+    outcome: BatchOutcome,
+) -> (BatchOutcome, u64) {
+    let held_runs: std::collections::HashSet<(&str, &str)> = events
+        .iter()
+        .filter(|e| held.contains(&e.seq))
+        .map(|e| (e.aggregate_type.as_str(), e.aggregate_id.as_str()))
+        .collect();
+    let kept: std::collections::HashSet<i64> = events
+        .iter()
+        .filter(|e| held_runs.contains(&(e.aggregate_type.as_str(), e.aggregate_id.as_str())))
+        .map(|e| e.seq)
+        .collect();
+    let BatchOutcome { now, published, failed, released } = outcome;
+    let before = (published.len() + failed.len()) as u64;
+    let outcome = BatchOutcome {
+        now,
+        published: published.into_iter().filter(|seq| kept.contains(seq)).collect(),
+        failed: failed.into_iter().filter(|f| kept.contains(&f.seq)).collect(),
+        released: released.into_iter().filter(|seq| kept.contains(seq)).collect(),
+    };
+    let fenced = before - (outcome.published.len() + outcome.failed.len()) as u64;
+    (outcome, fenced)
 }
 
 fn truncate(message: &str) -> String {
     outbox_runtime::truncate(message, MAX_ERROR_BYTES + '…'.len_utf8())
 }
 
-async fn mark<C: ConnectionTrait>(
-    conn: &C,
-    outcome: BatchOutcome,
-    token: Option<&str>,
-) -> std::result::Result<MarkReport, DbErr> {
+async fn mark<C: ConnectionTrait>(conn: &C, outcome: BatchOutcome) -> std::result::Result<MarkReport, DbErr> {
     let now_ms = outcome.now.timestamp_millis();
     let mut report = MarkReport::default();
     let expected = (outcome.published.len() + outcome.failed.len()) as u64;
     if !outcome.published.is_empty() {
-        let mut update = fenced_update(outcome.published, token);
+        let mut update = settle(outcome.published);
         update.value(Column::PublishedAtMs, now_ms);
         report.published = conn.execute(&update).await?.rows_affected();
     }
@@ -344,7 +397,7 @@ async fn mark<C: ConnectionTrait>(
                 error = error.case(this(), Expr::val(truncate(&failure.error)));
                 next = next.case(this(), Expr::val(failure.next_attempt_at.timestamp_millis()));
             }
-            let mut update = fenced_update(group.iter().map(|f| f.seq).collect(), token);
+            let mut update = settle(group.iter().map(|f| f.seq).collect());
             update
                 .value(Column::Attempts, Expr::col(Column::Attempts).add(1))
                 .value(Column::LastError, error)
@@ -419,30 +472,34 @@ impl ClaimedBatch for SeaOrmBatch {
                 let backend = txn.get_database_backend();
                 let error = |operation| move |e| store_error(operation, TABLE, backend, e);
                 // Released rows hold only this transaction's row locks, which the commit lets go.
-                let report = mark(&txn, outcome, None).await.map_err(error("mark a batch"))?;
+                let report = mark(&txn, outcome).await.map_err(error("mark a batch"))?;
                 hints::write_hints(&txn, hints).await.map_err(error("update aggregate hints"))?;
                 txn.commit().await.map_err(error("commit a batch"))?;
                 Ok(report)
             }
-            Hold::Lease { db, token } => {
+            Hold::Lease { db, token, heads } => {
                 let backend = db.get_database_backend();
                 let error = |operation| move |e| store_error(operation, TABLE, backend, e);
+                let txn = begin_writing(&db).await.map_err(error("begin a mark"))?;
+                let held = lock_held_heads(&txn, heads, &token).await.map_err(error("lock leased heads"))?;
+                let (outcome, fenced) = keep_held(&self.events, &held, outcome);
                 let released = outcome.released.clone();
-                let report = mark(&db, outcome, Some(&token)).await.map_err(error("mark a leased batch"))?;
+                let mut report = mark(&txn, outcome).await.map_err(error("mark a leased batch"))?;
+                report.fenced += fenced;
                 if !released.is_empty() {
                     // Free the rest of a stopped run now rather than at lease expiry.
-                    db.execute(&fenced_update(released, Some(&token))).await.map_err(error("release leased rows"))?;
+                    txn.execute(&settle(released)).await.map_err(error("release leased rows"))?;
                 }
                 if report.fenced > 0 {
                     tracing::warn!(
                         fenced = report.fenced,
                         "lease expired and another relay took over; outcome not recorded"
                     );
-                    return Ok(report); // the relay that took over writes the hints
+                } else {
+                    // (With a run fenced, the relay that took over writes the hints.)
+                    hints::write_hints(&txn, hints).await.map_err(error("update aggregate hints"))?;
                 }
-                let txn = begin_writing(&db).await.map_err(error("begin a hint update"))?;
-                hints::write_hints(&txn, hints).await.map_err(error("update aggregate hints"))?;
-                txn.commit().await.map_err(error("commit aggregate hints"))?;
+                txn.commit().await.map_err(error("commit a leased batch"))?;
                 Ok(report)
             }
         }
