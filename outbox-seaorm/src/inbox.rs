@@ -53,7 +53,7 @@ where
         }
     };
     if inserted == 0 {
-        unit.roll_back().await;
+        unit.abandon().await;
         tracing::debug!(consumer, message_id, "duplicate message dropped by the inbox");
         return Ok(InboxOutcome::Duplicate);
     }
@@ -64,8 +64,13 @@ where
 
 /// Group commit on a SeaORM pool, for [`Consumer::with_group_commit`](outbox_runtime::Consumer::with_group_commit):
 /// the handlers of a group run inside one transaction on `db`, and every [`handle_once`] (or
-/// `#[idempotent_handler]`, `#[transactional_outbox]` call) they make on the same pool joins it with a
-/// savepoint. One commit, one fsync, per group instead of per message.
+/// `#[idempotent_handler]`, `#[transactional_outbox]` call) they make on the same pool joins it. One
+/// commit, one fsync, per group instead of per message.
+///
+/// The calls share the group's transaction without savepoints: a call that fails (or whose effect
+/// fails) would roll its savepoint back, and instead makes the whole group roll back, after which each
+/// message runs again alone, with its own transaction and savepoints. The outcome is the same as
+/// running the messages alone, for two statements fewer per call.
 ///
 /// ```no_run
 /// # use outbox_seaorm::{Consumer, SeaOrmGroupCommit};
@@ -93,8 +98,9 @@ impl GroupCommit for SeaOrmGroupCommit {
     fn run<'a>(&'a self, calls: GroupCalls<'a>) -> GroupOutcome<'a> {
         Box::pin(async move {
             let backend = self.db.get_database_backend();
-            let unit = Unit::begin(&self.db).await.map_err(|e| store_error("begin", "inbox_messages", backend, e))?;
-            if unit.scope(calls).await && still_open(unit.txn(), &self.mysql_probe).await {
+            let unit =
+                Unit::begin_group(&self.db).await.map_err(|e| store_error("begin", "inbox_messages", backend, e))?;
+            if unit.scope(calls).await && !unit.spoiled() && still_open(unit.txn(), &self.mysql_probe).await {
                 unit.finish(Ok(()), |e| store_error("commit", "inbox_messages", backend, e)).await?;
                 Ok(true)
             } else {

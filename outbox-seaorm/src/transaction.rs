@@ -17,8 +17,13 @@
 //!   parameter is joined with a savepoint, as before. The outbox cannot tell which pool such a transaction
 //!   came from, so a `conn = self.db` call inside it begins its own transaction (and logs a warning):
 //!   begin the transaction with [`transaction`] instead.
+//! - **A consumer's group commit** (`SeaOrmGroupCommit`): calls that join the group's transaction share it
+//!   without savepoints. A call that would roll its savepoint back *spoils* the group instead: the group is
+//!   rolled back whole and its messages run again alone, where savepoints apply. The outcome is the one of
+//!   running them alone, two statements (`SAVEPOINT`, `RELEASE`) cheaper per call.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_runtime::NewEvent;
@@ -105,9 +110,46 @@ impl PoolId {
     }
 }
 
+/// A frame's statements: its own transaction or savepoint, or its group's transaction.
+enum Txn {
+    /// A transaction, or a savepoint of the [`Frame::joined`] frame's.
+    Own(DatabaseTransaction),
+    /// The transaction of the frame it joined, inside a [`Group`].
+    Shared(Arc<Frame>),
+}
+
+/// A consumer group commit's transaction, which the calls joining it share (see the module's docs).
+#[derive(Debug, Default)]
+pub(crate) struct Group {
+    spoiled: AtomicBool,
+}
+
+impl Group {
+    fn spoil(&self) {
+        self.spoiled.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Spoils its group when dropped armed: a shared call that failed, panicked or was cancelled.
+struct SpoilGuard(Option<Arc<Group>>);
+
+impl SpoilGuard {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for SpoilGuard {
+    fn drop(&mut self) {
+        if let Some(group) = self.0.take() {
+            group.spoil();
+        }
+    }
+}
+
 /// One outbox transaction (or savepoint) of a task.
 struct Frame {
-    txn: DatabaseTransaction,
+    txn: Txn,
     /// The pool it runs on, when known: `None` for a savepoint of a transaction begun elsewhere.
     pool: Option<PoolId>,
     /// Events emitted in this frame, and those handed up by the calls that joined it, in emit order.
@@ -118,11 +160,22 @@ struct Frame {
     joined: Option<Arc<Frame>>,
     /// The task's innermost frame when this one began (searched for a frame on the same pool).
     enclosing: Option<Arc<Frame>>,
+    /// The group commit this frame is (part of), if any.
+    group: Option<Arc<Group>>,
 }
 
 impl Frame {
     fn new(txn: DatabaseTransaction, pool: Option<PoolId>, joined: Option<Arc<Frame>>) -> Self {
-        Self { txn, pool, pending: Mutex::default(), turn: Arc::default(), joined, enclosing: current() }
+        let (pending, turn, enclosing) = (Mutex::default(), Arc::default(), current());
+        Self { txn: Txn::Own(txn), pool, pending, turn, joined, enclosing, group: None }
+    }
+
+    /// The transaction this frame's statements run in.
+    fn txn(&self) -> &DatabaseTransaction {
+        match &self.txn {
+            Txn::Own(txn) => txn,
+            Txn::Shared(outer) => outer.txn(),
+        }
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, Vec<NewEvent>> {
@@ -137,16 +190,17 @@ impl Frame {
     /// `Ok`: releases the savepoint and hands the events up, or writes them and commits.
     async fn complete(self) -> Result<(), DbErr> {
         let events = self.pending.into_inner().unwrap_or_else(PoisonError::into_inner);
-        match self.joined {
-            Some(outer) => {
-                self.txn.commit().await?;
+        match (self.txn, self.joined) {
+            (Txn::Shared(outer), _) => outer.pending().extend(events),
+            (Txn::Own(savepoint), Some(outer)) => {
+                savepoint.commit().await?;
                 outer.pending().extend(events);
             }
-            None => {
+            (Txn::Own(txn), None) => {
                 if !events.is_empty() {
-                    crate::enqueue_all(&self.txn, &events).await.map_err(into_db_err)?;
+                    crate::enqueue_all(&txn, &events).await.map_err(into_db_err)?;
                 }
-                self.txn.commit().await?;
+                txn.commit().await?;
                 if !events.is_empty() {
                     // An idle relay of this process publishes at once instead of at its next poll (for a
                     // savepoint of a transaction begun elsewhere, that transaction's commit is still to come).
@@ -164,7 +218,8 @@ fn current() -> Option<Arc<Frame>> {
 
 /// The task's outbox transaction that `txn` is, if any.
 fn ours(txn: &DatabaseTransaction) -> Option<Arc<Frame>> {
-    current().and_then(|c| c.chain().find(|f| std::ptr::eq(&f.txn, txn)).cloned())
+    // Innermost first: of the frames sharing a group's transaction, the innermost is the caller's.
+    current().and_then(|c| c.chain().find(|f| std::ptr::eq(f.txn(), txn)).cloned())
 }
 
 /// Begins a transaction that will write. On SQLite that is `BEGIN IMMEDIATE`, which takes the write lock
@@ -190,7 +245,7 @@ fn enclosing_on(db: &DatabaseConnection) -> Result<(Option<PoolId>, Option<Arc<F
     let Some(current) = current() else { return Ok((pool, None)) };
     let mut unknown = false;
     for frame in current.chain() {
-        if frame.txn.get_database_backend() != backend {
+        if frame.txn().get_database_backend() != backend {
             continue;
         }
         match (frame.pool, pool) {
@@ -220,6 +275,8 @@ pub struct Unit {
     frame: Arc<Frame>,
     /// This call's turn on the frame it joined.
     _turn: Option<OwnedMutexGuard<()>>,
+    /// Armed while this call shares a group's transaction and has not completed.
+    spoil: SpoilGuard,
 }
 
 impl Unit {
@@ -228,30 +285,58 @@ impl Unit {
         match conn.__outbox_source() {
             ConnectionSource::Pool(db) => match enclosing_on(db)? {
                 (_, Some(outer)) => Self::join(outer).await,
-                (pool, None) => {
-                    Ok(Self { frame: Arc::new(Frame::new(begin_writer(db).await?, pool, None)), _turn: None })
-                }
+                (pool, None) => Ok(Self::outermost(Frame::new(begin_writer(db).await?, pool, None))),
             },
             ConnectionSource::Transaction(txn) => {
                 // A parameter naming one of this task's outbox transactions (the method's own, passed on).
                 match ours(txn) {
                     Some(outer) => Self::join(outer).await,
-                    None => Ok(Self { frame: Arc::new(Frame::new(txn.begin().await?, None, None)), _turn: None }),
+                    None => Ok(Self::outermost(Frame::new(txn.begin().await?, None, None))),
                 }
             }
         }
     }
 
+    /// Begins a consumer group's transaction on `db`, which the calls inside share (see the module's docs),
+    /// or joins the task's current outbox transaction on `db` as [`begin`](Self::begin) does.
+    pub(crate) async fn begin_group(db: &DatabaseConnection) -> Result<Self, DbErr> {
+        match enclosing_on(db)? {
+            (_, Some(outer)) => Self::join(outer).await,
+            (pool, None) => {
+                let mut frame = Frame::new(begin_writer(db).await?, pool, None);
+                frame.group = Some(Arc::default());
+                Ok(Self::outermost(frame))
+            }
+        }
+    }
+
+    /// Whether a call that shared this group's transaction failed: the group must roll back.
+    pub(crate) fn spoiled(&self) -> bool {
+        self.frame.group.as_ref().is_some_and(|group| group.spoiled.load(Ordering::Relaxed))
+    }
+
+    fn outermost(frame: Frame) -> Self {
+        Self { frame: Arc::new(frame), _turn: None, spoil: SpoilGuard(None) }
+    }
+
     async fn join(outer: Arc<Frame>) -> Result<Self, DbErr> {
         let turn = Arc::clone(&outer.turn).lock_owned().await;
-        let savepoint = outer.txn.begin().await?;
         let pool = outer.pool;
-        Ok(Self { frame: Arc::new(Frame::new(savepoint, pool, Some(outer))), _turn: Some(turn) })
+        if let Some(group) = outer.group.clone() {
+            let (pending, turn_of_this, enclosing) = (Mutex::default(), Arc::default(), current());
+            let spoil = SpoilGuard(Some(Arc::clone(&group)));
+            let txn = Txn::Shared(outer);
+            let frame = Frame { txn, pool, pending, turn: turn_of_this, joined: None, enclosing, group: Some(group) };
+            return Ok(Self { frame: Arc::new(frame), _turn: Some(turn), spoil });
+        }
+        let savepoint = outer.txn().begin().await?;
+        let frame = Frame::new(savepoint, pool, Some(outer));
+        Ok(Self { frame: Arc::new(frame), _turn: Some(turn), spoil: SpoilGuard(None) })
     }
 
     /// The transaction (or savepoint) the method's body runs in.
     pub fn txn(&self) -> &DatabaseTransaction {
-        &self.frame.txn
+        self.frame.txn()
     }
 
     /// Runs the body with this unit as the task's current outbox transaction.
@@ -277,7 +362,7 @@ impl Unit {
 
     async fn commit(self) -> Result<(), DbErr> {
         // The turn is held until the savepoint is released.
-        let Self { frame, _turn } = self;
+        let Self { frame, _turn, spoil } = self;
         // Only a future that outlived the call it was created in can still hold the frame; whoever drops
         // it last rolls the transaction back.
         let frame = Arc::try_unwrap(frame).map_err(|_| {
@@ -285,15 +370,30 @@ impl Unit {
                 "the #[transactional_outbox] transaction is still held by a future that outlived its call; it was rolled back".to_owned(),
             )
         })?;
-        frame.complete().await
+        frame.complete().await?;
+        spoil.disarm();
+        Ok(())
     }
 
-    /// Rolls back (a savepoint: to its start), events included.
+    /// Ends a unit that wrote nothing (a message the inbox already holds): rolls back, except that a call
+    /// sharing a group's transaction just ends, without spoiling the group.
+    pub(crate) async fn abandon(self) {
+        if matches!(self.frame.txn, Txn::Shared(_)) {
+            let Self { frame: _, _turn, spoil } = self;
+            spoil.disarm();
+        } else {
+            self.roll_back().await;
+        }
+    }
+
+    /// Rolls back (a savepoint: to its start), events included; a call sharing a group's transaction
+    /// spoils the group instead.
     pub(crate) async fn roll_back(self) {
-        let Self { frame, _turn } = self;
+        let Self { frame, _turn, spoil } = self;
+        drop(spoil);
         // A frame still held elsewhere rolls back when its last holder drops it.
-        if let Ok(frame) = Arc::try_unwrap(frame)
-            && let Err(rollback) = frame.txn.rollback().await
+        if let Ok(Frame { txn: Txn::Own(txn), .. }) = Arc::try_unwrap(frame)
+            && let Err(rollback) = txn.rollback().await
         {
             // The connection drops the transaction anyway; the caller's error matters more.
             tracing::warn!(%rollback, "rollback of an outbox transaction failed");
@@ -322,7 +422,7 @@ impl<'a> Reader<'a> {
     /// The executor the body's connection names.
     pub fn executor(&self) -> DatabaseExecutor<'_> {
         match (&self.joined, self.conn) {
-            (Some(frame), _) => DatabaseExecutor::Transaction(&frame.txn),
+            (Some(frame), _) => DatabaseExecutor::Transaction(frame.txn()),
             (None, ConnectionSource::Pool(db)) => DatabaseExecutor::Connection(db),
             (None, ConnectionSource::Transaction(txn)) => DatabaseExecutor::Transaction(txn),
         }

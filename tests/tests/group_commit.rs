@@ -107,30 +107,41 @@ fn billed(n: usize) -> Vec<NewEvent> {
     (0..n).map(|i| OrderBilled { order_id: format!("o{i}"), total_minor: 100 }.to_new_event().expect("event")).collect()
 }
 
-/// A billing consumer in groups of up to 32 on `t`'s pool; when `kill(order, delivery)` says so, the
-/// handler ends the database transaction under its inbox call and fails its effect (as a MySQL deadlock
-/// does), then swallows the error it gets back, reporting success.
-fn billing(t: &TestDb, kill: impl Fn(&str, u32) -> bool + Send + Sync + 'static) -> Consumer {
-    let (db, kill) = (t.db.clone(), std::sync::Arc::new(kill));
+/// What a billing handler does wrong for an order, then hides by swallowing the error it gets back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Trouble {
+    None,
+    /// Ends the database transaction under its inbox call and fails its effect, as a MySQL deadlock does.
+    KillsTheTransaction,
+    /// Its effect writes the invoice, then fails.
+    EffectFails,
+}
+
+/// A billing consumer in groups of up to 32 on `t`'s pool, whose handler causes `trouble(order)` and
+/// reports success all the same.
+fn billing(t: &TestDb, trouble: impl Fn(&str) -> Trouble + Send + Sync + 'static) -> Consumer {
+    let (db, trouble) = (t.db.clone(), std::sync::Arc::new(trouble));
     let handler = move |received: Received<OrderBilled>| {
-        let (db, kill) = (db.clone(), kill.clone());
+        let (db, trouble) = (db.clone(), trouble.clone());
         async move {
-            let killing = kill(&received.event.order_id, received.delivery);
+            let trouble = trouble(&received.event.order_id);
             let order = received.event.order_id.clone();
             let id = received.envelope.id.to_string();
             let outcome = outbox_seaorm::handle_once(&db, CONSUMER, &id, async |txn| {
                 insert_invoice(txn, &order, 100).await?;
-                if killing {
-                    // What a deadlock does on MySQL: the whole transaction is gone, and the effect fails.
-                    txn.execute_unprepared("ROLLBACK").await?;
-                    return Err(DbErr::Custom("deadlock found when trying to get lock".into()));
+                match trouble {
+                    Trouble::None => Ok::<_, DbErr>(()),
+                    Trouble::KillsTheTransaction => {
+                        txn.execute_unprepared("ROLLBACK").await?;
+                        Err(DbErr::Custom("deadlock found when trying to get lock".into()))
+                    }
+                    Trouble::EffectFails => Err(DbErr::Custom("the invoice service said no".into())),
                 }
-                Ok::<_, DbErr>(())
             })
             .await;
             match outcome {
                 Ok(_) => Ok(()),
-                Err(_) if killing => Ok(()), // the handler bug under test: the error is swallowed
+                Err(_) if trouble != Trouble::None => Ok(()), // the handler bug under test: swallowed
                 Err(error) => Err(error.to_string()),
             }
         }
@@ -148,7 +159,7 @@ fn billing(t: &TestDb, kill: impl Fn(&str, u32) -> bool + Send + Sync + 'static)
 async fn a_group_commits_its_inbox_rows_and_effects_together(t: TestDb) {
     create_shop_tables(&t).await;
     let queue = Queue::of(&t, &billed(40)).await;
-    let running = Running::start(billing(&t, |_, _| false), queue);
+    let running = Running::start(billing(&t, |_| Trouble::None), queue);
     eventually(Duration::from_secs(60), &format!("{t}: 40 applied"), async || running.stats().processed == 40).await;
     let stats = running.stop().await;
     assert!(stats.groups > 0 && stats.groups < 40, "{t}: applied in groups: {stats:?}");
@@ -168,7 +179,8 @@ async fn a_transaction_killed_under_a_swallowing_handler_never_acks_lost_effects
     // The last message of the one group that takes all 8 kills the transaction (every time it runs).
     let victim = queue.last_order();
     let killer = victim.clone();
-    let running = Running::start(billing(&t, move |order, _| order == killer), queue);
+    let trouble = move |order: &str| if order == killer { Trouble::KillsTheTransaction } else { Trouble::None };
+    let running = Running::start(billing(&t, trouble), queue);
     eventually(Duration::from_secs(60), &format!("{t}: 8 handled"), async || running.stats().processed >= 8).await;
     let stats = running.stop().await;
     assert_eq!(stats.group_rollbacks, 1, "{t}: the dead transaction was noticed: {stats:?}");
@@ -178,6 +190,78 @@ async fn a_transaction_killed_under_a_swallowing_handler_never_acks_lost_effects
         let n: i64 = row.expect("row").try_get("", "n").expect("n");
         assert_eq!(n, 1, "{t}: order {i} applied exactly once");
     }
+}
+
+/// Inside a group, the inbox call shares the group's transaction (no savepoint). An effect that fails
+/// under a handler that swallows the error must still be undone, as it is when the message runs alone:
+/// the group rolls back, the other orders are applied alone once each, and the failed one leaves no
+/// invoice and no inbox row.
+async fn a_failed_effect_is_undone_in_a_group_as_it_is_alone(t: TestDb) {
+    create_shop_tables(&t).await;
+    let queue = Queue::of(&t, &billed(8)).await;
+    let victim = queue.last_order();
+    let failing = victim.clone();
+    let trouble = move |order: &str| if order == failing { Trouble::EffectFails } else { Trouble::None };
+    let running = Running::start(billing(&t, trouble), queue);
+    eventually(Duration::from_secs(60), &format!("{t}: 8 handled"), async || running.stats().processed >= 8).await;
+    let stats = running.stop().await;
+    assert_eq!(stats.group_rollbacks, 1, "{t}: the failed call spoiled its group: {stats:?}");
+    for i in 0..8 {
+        let order = format!("o{i}");
+        let sql = format!("SELECT COUNT(*) AS n FROM invoices WHERE order_id = '{order}'");
+        let row = t.db.query_one_raw(sea_orm::Statement::from_string(t.backend, sql)).await.expect("count");
+        let n: i64 = row.expect("row").try_get("", "n").expect("n");
+        assert_eq!(n, i64::from(order != victim), "{t}: order {order}");
+    }
+    assert_eq!(count_inbox(&t, CONSUMER).await, 7, "{t}: the failed message left no inbox row");
+}
+
+/// A message the inbox already holds (a redelivery) ends its call without spoiling the group.
+async fn a_redelivery_in_a_group_does_not_roll_it_back(t: TestDb) {
+    create_shop_tables(&t).await;
+    let queue = Queue::of(&t, &billed(20)).await;
+    {
+        let mut messages = queue.messages.lock().expect("queue");
+        let again: Vec<_> = messages
+            .iter()
+            .map(|(r, d)| {
+                let (headers, payload, origin) = (d.headers.clone(), d.payload.clone(), d.origin.clone());
+                (r + 1000, Delivery { headers, payload, origin, deliveries: 2, receipt: r + 1000 })
+            })
+            .collect();
+        messages.extend(again);
+    }
+    let running = Running::start(billing(&t, |_| Trouble::None), queue);
+    eventually(Duration::from_secs(60), &format!("{t}: 40 handled"), async || running.stats().processed >= 40).await;
+    let stats = running.stop().await;
+    assert_eq!(stats.group_rollbacks, 0, "{t}: {stats:?}");
+    assert_eq!(count_table(&t, "invoices").await, 20, "{t}");
+    assert_eq!(count_inbox(&t, CONSUMER).await, 20, "{t}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_effects_are_undone_in_groups_sqlite() {
+    run_on(Backend::Sqlite, "group_failed_effect_sqlite", a_failed_effect_is_undone_in_a_group_as_it_is_alone).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_effects_are_undone_in_groups_postgres() {
+    run_on(Backend::Postgres, "group_failed_effect_pg", a_failed_effect_is_undone_in_a_group_as_it_is_alone).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_effects_are_undone_in_groups_mysql() {
+    run_on(Backend::MySql, "group_failed_effect_my", a_failed_effect_is_undone_in_a_group_as_it_is_alone).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redeliveries_in_groups_postgres() {
+    run_on(Backend::Postgres, "group_redelivery_pg", a_redelivery_in_a_group_does_not_roll_it_back).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redeliveries_in_groups_mysql() {
+    run_on(Backend::MySql, "group_redelivery_my", a_redelivery_in_a_group_does_not_roll_it_back).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

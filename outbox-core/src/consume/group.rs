@@ -22,7 +22,7 @@ pub type GroupOutcome<'a> = Pin<Box<dyn Future<Output = Result<bool, BoxError>> 
 /// again alone, in order, so one failing message never takes its neighbours down (their handlers run once
 /// more: the inbox keeps the effect exactly-once, as for any redelivery). `outbox-seaorm` implements it for
 /// a SeaORM pool (`SeaOrmGroupCommit`): an inbox write (`handle_once`) or `#[transactional_outbox]` call on
-/// the same pool joins the group's transaction with a savepoint.
+/// the same pool joins the group's transaction.
 pub trait GroupCommit: Send + Sync + 'static {
     /// Begins a transaction, runs `calls` with it as the task's current transaction, then commits it when
     /// `calls` returned `true` (`Ok(true)`) or rolls it back when `false` (`Ok(false)`). An error of the
