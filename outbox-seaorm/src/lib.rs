@@ -98,6 +98,7 @@ pub mod notify;
 mod sql;
 mod store;
 mod transaction;
+pub mod watch;
 
 #[doc(hidden)]
 #[doc(hidden)]

@@ -20,7 +20,9 @@
 //! At commit, PostgreSQL queues the notification under one database-wide lock, held until the commit is
 //! durable: transactions that notify commit one at a time and lose group commit. Measure with
 //! `relay-bench --scenario commit_rate` before turning it on for a write-heavy app (BENCHMARKS.md has
-//! the figures of this machine class). Relays in the writing process are woken without it.
+//! the figures of this machine class). Relays in the writing process are woken without it, and a
+//! [`CommitWatch`](crate::watch::CommitWatch) wakes relays in other processes without touching the
+//! writers' commits, on every backend, for one cheap read every few milliseconds.
 //!
 //! ```no_run
 //! # #[cfg(feature = "sqlx-postgres")]

@@ -8,8 +8,9 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{count_published, enqueue_committed, event, fast_config, outbox_rows};
+use outbox_integration_tests::contract::eventually;
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::{InMemoryPublisher, OutboxStore, Relay, SeaOrmStore};
+use outbox_seaorm::{CancellationToken, InMemoryPublisher, OutboxStore, Relay, SeaOrmStore};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value};
 use sea_orm_migration::MigratorTrait;
 
@@ -188,3 +189,31 @@ async fn a_row_written_before_the_trigger_existed_is_numbered_by_the_migration(t
     assert_eq!(received.get("u2"), Some(&numbered(&["u2.a", "u2.b"])), "{t}: {received:?}");
 }
 per_backend!(a_row_written_before_the_trigger_existed_is_numbered_by_the_migration, "foreign_writers_upgrade_host");
+
+/// A relay that would poll once an hour publishes a row another writer committed with plain SQL (no
+/// wake-up of its own) as soon as a commit watch in the relay's process sees it: nothing on the writer's
+/// side, every backend.
+async fn a_commit_watch_wakes_the_relay_for_rows_another_writer_committed(t: TestDb) {
+    let broker = InMemoryPublisher::new();
+    let hourly = fast_config().with_poll_interval(std::time::Duration::from_secs(3600));
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), broker.clone(), hourly).expect("config");
+    let watch = SeaOrmStore::new(t.db.clone()).commit_watch(std::time::Duration::from_millis(5)).expect("watch");
+    let stats = watch.stats();
+    let stop = CancellationToken::new();
+    let relay_task = tokio::spawn({
+        let stop = stop.clone();
+        async move { relay.run(stop).await }
+    });
+    let watch_task = tokio::spawn(watch.run(stop.clone()));
+    let minute = std::time::Duration::from_secs(60);
+    eventually(minute, &format!("{t}: the watch looked"), async || stats.get().probes >= 2).await;
+
+    write_plain(&t, &t.reconnect().await, &[Plain::new("w1", "w1.a"), Plain::new("w2", "w2.a")]).await;
+    eventually(minute, &format!("{t}: both rows published"), async || broker.received_count() == 2).await;
+    assert!(stats.get().wakes >= 1, "{t}: the watch woke the relay: {:?}", stats.get());
+    assert_eq!(stats.get().failures, 0, "{t}: {:?}", stats.get());
+    stop.cancel();
+    relay_task.await.expect("relay task");
+    watch_task.await.expect("watch task");
+}
+per_backend!(a_commit_watch_wakes_the_relay_for_rows_another_writer_committed, "foreign_writers_watch");

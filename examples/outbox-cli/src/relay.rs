@@ -104,6 +104,10 @@ pub struct RelayArgs {
     /// (install the trigger with `outbox notify install`); the poll stays the fallback.
     #[arg(long, env = "OUTBOX_LISTEN")]
     pub listen: bool,
+    /// Any database: read the highest outbox `seq` this often and pass as soon as it grew (rows committed
+    /// by other processes), e.g. 5ms; costs the writers nothing, the database one cheap read per interval.
+    #[arg(long, env = "OUTBOX_WATCH", value_parser = duration::parse, value_name = "DURATION")]
+    watch: Option<Duration>,
     #[command(flatten)]
     channel: ChannelArgs,
 }
@@ -169,6 +173,10 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
         let listener = store.notify_listener(channel)?;
         builder = builder.with_task(move |stop| listener.run(stop));
     }
+    if let Some(interval) = args.watch {
+        let watch = store.commit_watch(interval)?;
+        builder = builder.with_task(move |stop| watch.run(stop));
+    }
     let service = builder.start()?;
     // With --http, the probes read the service from here on.
     let slot = http.map(|shared| shared.service).unwrap_or_default();
@@ -180,6 +188,7 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
         poll = ?config.relay.poll_interval,
         cleanup = config.cleanup.is_some(),
         listen = args.listen,
+        watch = ?args.watch,
         "outbox relay running; stop it with SIGTERM or SIGINT"
     );
     loop {

@@ -256,13 +256,17 @@ async fn consume_batch(db: &DatabaseConnection, batch: &[(i64, String, String, i
     Ok(())
 }
 
+/// Consumer lag of each event applied for the first time: milliseconds from its enqueue to the end of its
+/// handler (its group's commit follows within milliseconds).
+pub type Lags = std::sync::Arc<std::sync::Mutex<Vec<i64>>>;
+
 /// The consumer of a real broker: the consume driver, `consumers` lanes, until `stop`.
 pub async fn consume_broker(
     db: DatabaseConnection,
     url: &str,
     run_id: &str,
-    consumers: u32,
-    group_size: usize,
+    (consumers, group_size): (u32, usize),
+    lags: Lags,
     stop: CancellationToken,
 ) -> Result<(), SoakError> {
     let names = Names::of(run_id);
@@ -273,7 +277,7 @@ pub async fn consume_broker(
     let group = SeaOrmGroupCommit::new(db.clone());
     let consumer = Consumer::new(CONSUMER)?.with_config(config)?.with_group_commit(group).on::<SoakEvent>(
         move |received: Received<SoakEvent>| {
-            let db = db.clone();
+            let (db, lags) = (db.clone(), lags.clone());
             async move {
                 let envelope = &received.envelope;
                 let event_id = envelope.id.to_string();
@@ -283,7 +287,12 @@ pub async fn consume_broker(
                     vec![event_id.clone().into()],
                 );
                 db.execute_raw(delivery).await?;
-                apply(&db, &event_id, &envelope.aggregate_id, envelope.aggregate_version).await.map(|_| ())
+                let first = apply(&db, &event_id, &envelope.aggregate_id, envelope.aggregate_version).await?;
+                if first {
+                    let lag = (chrono::Utc::now() - envelope.created_at).num_milliseconds();
+                    lags.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(lag);
+                }
+                Ok::<_, BoxError>(())
             }
         },
     );

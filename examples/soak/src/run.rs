@@ -12,7 +12,7 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::broker::{connect_publisher, consume_broker, consume_table, remove_topology};
+use crate::broker::{Lags, connect_publisher, consume_broker, consume_table, remove_topology};
 use crate::db::{Progress, Target, connect, count, create_tables, progress, read_history};
 use crate::writer::{Plan, write};
 use crate::{SoakArgs, SoakError};
@@ -185,6 +185,7 @@ async fn soak_in(args: &SoakArgs, target: &Target, run_id: &str) -> Result<bool,
     }
 
     let stop_consumers = CancellationToken::new();
+    let lags = Lags::default();
     let mut consumers: JoinSet<Result<(), SoakError>> = JoinSet::new();
     match &args.broker {
         None => {
@@ -196,7 +197,8 @@ async fn soak_in(args: &SoakArgs, target: &Target, run_id: &str) -> Result<bool,
         Some(url) => {
             let (db, url, run_id, n, group, stop) =
                 (db.clone(), url.clone(), run_id.to_owned(), args.consumers, args.group_size, stop_consumers.clone());
-            consumers.spawn(async move { consume_broker(db, &url, &run_id, n, group, stop).await });
+            let lags = lags.clone();
+            consumers.spawn(async move { consume_broker(db, &url, &run_id, (n, group), lags, stop).await });
         }
     }
 
@@ -335,6 +337,18 @@ async fn soak_in(args: &SoakArgs, target: &Target, run_id: &str) -> Result<bool,
         relays.unexpected_exits,
         dead,
     );
+    let mut lags = std::mem::take(&mut *lags.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    if !lags.is_empty() {
+        lags.sort_unstable();
+        let at = |q: f64| lags[((lags.len() - 1) as f64 * q).round() as usize];
+        eprintln!(
+            "soak: consumer lag, enqueue → applied, over {} events: p50 {} ms, p99 {} ms, max {} ms",
+            lags.len(),
+            at(0.5),
+            at(0.99),
+            at(1.0)
+        );
+    }
     for example in &report.examples {
         eprintln!("soak: {example}");
     }

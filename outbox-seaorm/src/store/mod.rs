@@ -66,6 +66,13 @@ impl SeaOrmStore {
         crate::notify::NotifyListener::new(&self.db, channel)
     }
 
+    /// A [`CommitWatch`](crate::watch::CommitWatch) over this store's pool, which wakes this process's
+    /// relays within `interval` when another process commits outbox rows, on every backend and at no cost
+    /// to the writers: see [`watch`](crate::watch).
+    pub fn commit_watch(&self, interval: Duration) -> Result<crate::watch::CommitWatch> {
+        crate::watch::CommitWatch::new(&self.db, interval)
+    }
+
     /// The plans the database chooses now for the claim's statements (the due aggregates, and the heads
     /// of the first of them), for a relay that claims `limit` events: to see why a claim is slow, e.g.
     /// after an `ANALYZE` taken while nothing was pending. Runs in a transaction it rolls back; only the

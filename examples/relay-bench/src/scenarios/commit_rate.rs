@@ -1,6 +1,7 @@
-//! What LISTEN/NOTIFY costs the writers (PostgreSQL): 8 writers commit single-event transactions as fast
-//! as they can, without a notification, with the notify trigger, and with `pg_notify` called by the app
-//! inside each transaction. A listener drains the channel during the notifying variants, as a relay's would.
+//! What a cross-process wake-up costs the writers (PostgreSQL): 8 writers commit single-event transactions
+//! as fast as they can, without a wake-up, with the notify trigger, with `pg_notify` called by the app
+//! inside each transaction, and with a 5 ms commit watch running. A listener drains the channel during the
+//! notifying variants, as a relay's would.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,16 +26,19 @@ enum Variant {
     Trigger,
     /// `SELECT pg_notify(…)` by the app in each transaction, one more round trip.
     InTransaction,
+    /// No notification; a `CommitWatch` reads the highest `seq` every 5 ms.
+    Watch,
 }
 
 impl Variant {
-    const ALL: [Variant; 3] = [Variant::Off, Variant::Trigger, Variant::InTransaction];
+    const ALL: [Variant; 4] = [Variant::Off, Variant::Trigger, Variant::InTransaction, Variant::Watch];
 
     fn name(self) -> &'static str {
         match self {
             Variant::Off => "no NOTIFY",
             Variant::Trigger => "notify trigger",
             Variant::InTransaction => "pg_notify in the transaction",
+            Variant::Watch => "commit watch, 5 ms",
         }
     }
 }
@@ -47,8 +51,17 @@ async fn run_variant(ctx: &Ctx, variant: Variant, duration: Duration) -> Result<
         notify::install_notify_trigger(&db, &channel).await.context("install the notify trigger")?;
     }
     let stop_listener = CancellationToken::new();
+    let watch = match variant {
+        Variant::Watch => {
+            let pool = ctx.target.connect().await?;
+            let watch = outbox_seaorm::SeaOrmStore::new(pool.clone()).commit_watch(Duration::from_millis(5))?;
+            let stats = watch.stats();
+            Some((pool, stats, tokio::spawn(watch.run(stop_listener.clone()))))
+        }
+        _ => None,
+    };
     let listener = match variant {
-        Variant::Off => None,
+        Variant::Off | Variant::Watch => None,
         _ => {
             let pool = ctx.target.connect().await?;
             let listener = notify::NotifyListener::new(&pool, channel.clone()).context("notify listener")?;
@@ -97,28 +110,32 @@ async fn run_variant(ctx: &Ctx, variant: Variant, duration: Duration) -> Result<
         eprintln!("commit-rate {}: listener received {} notifications", variant.name(), seen.notifications);
         pool.close().await.context("close")?;
     }
+    if let Some((pool, stats, task)) = watch {
+        stop_listener.cancel();
+        task.await.context("watch panicked")?;
+        let seen = stats.get();
+        eprintln!("commit-rate {}: {} probes, {} wake-ups", variant.name(), seen.probes, seen.wakes);
+        pool.close().await.context("close")?;
+    }
     db.close().await.context("close")?;
     Ok(Run { done: committed.load(Ordering::Relaxed), secs, timed_out: false })
 }
 
-/// Runs the scenario (PostgreSQL only).
+/// Runs the scenario (the notifying variants on PostgreSQL only).
 pub async fn run(ctx: &Ctx) -> Result<()> {
     let probe: DatabaseConnection = ctx.target.connect().await?;
     let backend = probe.get_database_backend();
     probe.close().await.context("close")?;
-    if backend != DbBackend::Postgres {
-        eprintln!("commit-rate: skipped on {}: LISTEN/NOTIFY is PostgreSQL's", ctx.target.label());
-        return Ok(());
-    }
+    let variants: &[Variant] =
+        if backend == DbBackend::Postgres { &Variant::ALL } else { &[Variant::Off, Variant::Watch] };
     let duration = Duration::from_secs(ctx.size(10, 3) as u64);
-    let runs =
-        alternate_with(ctx, Variant::ALL.len(), async |i| run_variant(ctx, Variant::ALL[i], duration).await).await?;
+    let runs = alternate_with(ctx, variants.len(), async |i| run_variant(ctx, variants[i], duration).await).await?;
     let mut table = Table::new(
         ctx.title(&format!("commit-rate: {WRITERS} writers, one event per transaction, {} s", duration.as_secs())),
         &RATE_HEADER,
     );
     let base = median_rate(&runs[0]);
-    for (i, (variant, runs)) in Variant::ALL.iter().zip(&runs).enumerate() {
+    for (i, (variant, runs)) in variants.iter().zip(&runs).enumerate() {
         table.rate_row("commits/s", variant.name(), runs, (i > 0).then_some(base), "commits/s");
     }
     table.note(

@@ -1,9 +1,10 @@
 //! Commit → publish latency of `Relay::run` (polling, and woken by each `enqueue_all` commit), while a
 //! writer enqueues at a steady rate.
 //!
-//! With `--notify` (PostgreSQL), the writer is another process (this binary's hidden `write-steady`
-//! command), so the in-process wake-up cannot reach the relay: the cells compare the poll alone with the
-//! LISTEN/NOTIFY wake-up (the notify trigger and a `NotifyListener` in the relay's process).
+//! With `--notify`, the writer is another process (this binary's hidden `write-steady` command), so the
+//! in-process wake-up cannot reach the relay: the cells compare the poll alone with a `CommitWatch` in the
+//! relay's process (every backend) and the LISTEN/NOTIFY wake-up (the notify trigger and a
+//! `NotifyListener`; PostgreSQL).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,7 +27,12 @@ enum Wake {
     OtherProcessPoll,
     /// The writer is another process; the notify trigger and a listener wake the relay.
     OtherProcessNotify,
+    /// The writer is another process; a commit watch (every 5 ms) wakes the relay.
+    OtherProcessWatch,
 }
+
+/// The commit watch's interval in the watch cells.
+const WATCH_INTERVAL: Duration = Duration::from_millis(5);
 
 impl Wake {
     fn name(self) -> &'static str {
@@ -34,6 +40,7 @@ impl Wake {
             Wake::InProcess => "in-process",
             Wake::OtherProcessPoll => "other process, poll only",
             Wake::OtherProcessNotify => "other process, LISTEN/NOTIFY",
+            Wake::OtherProcessWatch => "other process, commit watch 5 ms",
         }
     }
 }
@@ -125,6 +132,10 @@ async fn cell(ctx: &Ctx, rate: u32, poll: Duration, duration: Duration, wake: Wa
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+    if wake == Wake::OtherProcessWatch {
+        let watch = SeaOrmStore::new(ctx.target.connect().await?).commit_watch(WATCH_INTERVAL)?;
+        listener_task = Some(tokio::spawn(watch.run(stop_listener.clone())));
+    }
     let recorder = Recorder::default();
     let relay = Relay::new(
         SeaOrmStore::new(ctx.target.connect().await?),
@@ -166,12 +177,13 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
     // The last cell polls at the default 500 ms: with the in-process wake-up (enqueue signals the relay
     // after each commit) its latency no longer follows the poll interval.
     let cells: Vec<(u32, u64, Wake)> = if ctx.notify {
-        vec![
-            (1000, 500, Wake::OtherProcessPoll),
-            (1000, 500, Wake::OtherProcessNotify),
-            (200, 500, Wake::OtherProcessNotify),
-            (1000, 500, Wake::InProcess),
-        ]
+        let mut cells = vec![(1000, 500, Wake::OtherProcessPoll)];
+        if ctx.target.backend == sea_orm::DbBackend::Postgres {
+            cells.extend([(1000, 500, Wake::OtherProcessNotify), (200, 500, Wake::OtherProcessNotify)]);
+        }
+        cells.extend([(1000, 500, Wake::OtherProcessWatch), (200, 500, Wake::OtherProcessWatch)]);
+        cells.push((1000, 500, Wake::InProcess));
+        cells
     } else {
         [(200, 10), (200, 100), (1000, 10), (1000, 100), (1000, 500)]
             .into_iter()
