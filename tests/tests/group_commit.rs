@@ -239,20 +239,7 @@ async fn a_redelivery_in_a_group_does_not_roll_it_back(t: TestDb) {
     assert_eq!(count_inbox(&t, CONSUMER).await, 20, "{t}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_effects_are_undone_in_groups_sqlite() {
-    run_on(Backend::Sqlite, "group_failed_effect_sqlite", a_failed_effect_is_undone_in_a_group_as_it_is_alone).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_effects_are_undone_in_groups_postgres() {
-    run_on(Backend::Postgres, "group_failed_effect_pg", a_failed_effect_is_undone_in_a_group_as_it_is_alone).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_effects_are_undone_in_groups_mysql() {
-    run_on(Backend::MySql, "group_failed_effect_my", a_failed_effect_is_undone_in_a_group_as_it_is_alone).await;
-}
+outbox_integration_tests::per_backend!(a_failed_effect_is_undone_in_a_group_as_it_is_alone, "group_failed_effect");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redeliveries_in_groups_postgres() {

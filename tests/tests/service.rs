@@ -53,7 +53,11 @@ async fn shutdown_mid_batch_leaves_no_row_claimed(t: TestDb) {
         .start()
         .unwrap_or_else(|e| panic!("{t}: {e}"));
     assert!(eventually(Duration::from_secs(30), || broker.publish_calls() >= 1).await, "{t}: no publish");
-    assert_eq!(count_claimed(&t).await, 20, "{t}: the whole batch is leased while the first wave is out");
+    assert_eq!(
+        count_claimed(&t).await,
+        4,
+        "{t}: each of the four runs is leased (on its head) while the first wave is out"
+    );
 
     // Not a duration bound: had shutdown waited for every wave, all 20 would be published (checked below).
     tokio::time::timeout(Duration::from_secs(60), service.shutdown())
