@@ -166,8 +166,17 @@ struct Frame {
 
 impl Frame {
     fn new(txn: DatabaseTransaction, pool: Option<PoolId>, joined: Option<Arc<Frame>>) -> Self {
-        let (pending, turn, enclosing) = (Mutex::default(), Arc::default(), current());
-        Self { txn: Txn::Own(txn), pool, pending, turn, joined, enclosing, group: None }
+        Self::with(Txn::Own(txn), pool, joined, None)
+    }
+
+    /// A call that shares `outer`'s group transaction; its events go to `outer`.
+    fn shared(outer: Arc<Frame>, group: Arc<Group>) -> Self {
+        let pool = outer.pool;
+        Self::with(Txn::Shared(outer), pool, None, Some(group))
+    }
+
+    fn with(txn: Txn, pool: Option<PoolId>, joined: Option<Arc<Frame>>, group: Option<Arc<Group>>) -> Self {
+        Self { txn, pool, pending: Mutex::default(), turn: Arc::default(), joined, enclosing: current(), group }
     }
 
     /// The transaction this frame's statements run in.
@@ -303,9 +312,8 @@ impl Unit {
         match enclosing_on(db)? {
             (_, Some(outer)) => Self::join(outer).await,
             (pool, None) => {
-                let mut frame = Frame::new(begin_writer(db).await?, pool, None);
-                frame.group = Some(Arc::default());
-                Ok(Self::outermost(frame))
+                let txn = Txn::Own(begin_writer(db).await?);
+                Ok(Self::outermost(Frame::with(txn, pool, None, Some(Arc::default()))))
             }
         }
     }
@@ -321,16 +329,12 @@ impl Unit {
 
     async fn join(outer: Arc<Frame>) -> Result<Self, DbErr> {
         let turn = Arc::clone(&outer.turn).lock_owned().await;
-        let pool = outer.pool;
         if let Some(group) = outer.group.clone() {
-            let (pending, turn_of_this, enclosing) = (Mutex::default(), Arc::default(), current());
             let spoil = SpoilGuard(Some(Arc::clone(&group)));
-            let txn = Txn::Shared(outer);
-            let frame = Frame { txn, pool, pending, turn: turn_of_this, joined: None, enclosing, group: Some(group) };
-            return Ok(Self { frame: Arc::new(frame), _turn: Some(turn), spoil });
+            return Ok(Self { frame: Arc::new(Frame::shared(outer, group)), _turn: Some(turn), spoil });
         }
         let savepoint = outer.txn().begin().await?;
-        let frame = Frame::new(savepoint, pool, Some(outer));
+        let frame = Frame::new(savepoint, outer.pool, Some(outer));
         Ok(Self { frame: Arc::new(frame), _turn: Some(turn), spoil: SpoilGuard(None) })
     }
 

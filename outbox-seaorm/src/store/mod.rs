@@ -489,8 +489,8 @@ impl ClaimedBatch for SeaOrmBatch {
                 let error = |operation| move |e| store_error(operation, TABLE, backend, e);
                 let txn = begin_writing(&db).await.map_err(error("begin a mark"))?;
                 let held = lock_held_heads(&txn, heads, &token).await.map_err(error("lock leased heads"))?;
-                let (outcome, fenced) = keep_held(&self.events, &held, outcome);
-                let released = outcome.released.clone();
+                let (mut outcome, fenced) = keep_held(&self.events, &held, outcome);
+                let released = std::mem::take(&mut outcome.released);
                 let mut report = mark(&txn, outcome).await.map_err(error("mark a leased batch"))?;
                 report.fenced += fenced;
                 if !released.is_empty() {
