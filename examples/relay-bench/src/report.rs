@@ -70,14 +70,15 @@ impl Table {
         self.rows.push(cells);
     }
 
-    /// Adds a row for throughput `runs` of one `case`/`variant`, with the ratio of its median to
-    /// `baseline_median` (None: this row is the baseline).
-    pub fn rate_row(&mut self, case: &str, variant: &str, runs: &[Run], baseline_median: Option<f64>, unit: &str) {
+    /// Adds a row for throughput `runs` of one `case`/`variant`, with the median of its per-round ratios to
+    /// the `baseline` runs (None: this row is the baseline). Rounds alternate variants, so each pair ran
+    /// back to back and a slow stretch of the machine cancels out of its ratio.
+    pub fn rate_row(&mut self, case: &str, variant: &str, runs: &[Run], baseline: Option<&[Run]>, unit: &str) {
         let rates: Vec<f64> = runs.iter().map(Run::rate).collect();
         let (median, min, max) = summary(&rates);
-        let ratio = match baseline_median {
+        let ratio = match baseline {
             None => "baseline".to_owned(),
-            Some(b) if b > 0.0 => ratio(median / b),
+            Some(base) if base.iter().all(|b| b.rate() > 0.0) && !base.is_empty() => ratio(round_ratio(runs, base)),
             Some(_) => "-".to_owned(),
         };
         let note = runs
@@ -186,4 +187,11 @@ pub fn plot(
 /// A ratio for a table: two decimals, three below 0.1.
 pub fn ratio(r: f64) -> String {
     if r < 0.1 { format!("{r:.3}x") } else { format!("{r:.2}x") }
+}
+
+/// The median of the per-round ratios `runs[i] / baseline[i]` (each pair ran back to back), rather than the
+/// ratio of the medians; rounds beyond the shorter list are left out.
+pub fn round_ratio(runs: &[Run], baseline: &[Run]) -> f64 {
+    let ratios: Vec<f64> = runs.iter().zip(baseline).map(|(r, b)| r.rate() / b.rate().max(f64::MIN_POSITIVE)).collect();
+    summary(&ratios).0
 }

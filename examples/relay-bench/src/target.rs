@@ -64,6 +64,11 @@ impl Target {
         }
     }
 
+    /// The bench schema (PostgreSQL), database (MySQL) or file (SQLite).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// A short label for tables: `PostgreSQL`, `MySQL` or `SQLite`.
     pub fn label(&self) -> &'static str {
         match self.backend {
@@ -120,6 +125,22 @@ impl Target {
     /// A new pool on the target (no reset).
     pub async fn connect(&self) -> Result<DatabaseConnection> {
         outbox_seaorm::connect(&self.url).await.with_context(|| format!("connect to {}", redact(&self.url)))
+    }
+
+    /// A connection whose plans avoid table scans and sorts where an index serves (PostgreSQL, which has
+    /// no index hints: `enable_seqscan` and `enable_sort` off for its sessions): for the ceiling whose plan
+    /// is pinned, which a small table would otherwise plan as a scan and a sort.
+    pub async fn connect_pinned(&self) -> Result<DatabaseConnection> {
+        if self.backend != DbBackend::Postgres {
+            return self.connect().await;
+        }
+        let settings = "-c%20enable_seqscan%3Doff%20-c%20enable_sort%3Doff";
+        let url = if self.url.contains("options=") {
+            self.url.replacen("options=", &format!("options={settings}%20"), 1)
+        } else {
+            format!("{}{}options={settings}", self.url, if self.url.contains('?') { '&' } else { '?' })
+        };
+        outbox_seaorm::connect(&url).await.with_context(|| format!("connect to {}", redact(&url)))
     }
 
     /// Runs `ANALYZE` over every table of the bench schema/database (PostgreSQL: `VACUUM ANALYZE`), naming

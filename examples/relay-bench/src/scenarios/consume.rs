@@ -72,7 +72,6 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
             broker.cleanup(&tag).await;
             db.close().await.context("close")?;
         }
-        let relay_median = super::median_rate(&runs[0]);
         let mut table = Table::new(
             ctx.title(&format!(
                 "consume through {name}: {events} events over {aggregates} aggregates, inbox + effect row, events/s"
@@ -80,8 +79,8 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
             &RATE_HEADER,
         );
         table.rate_row("relay", "batch 1000, to the broker", &runs[0], None, "events/s");
-        table.rate_row("consumer", "one transaction per message", &runs[1], Some(relay_median), "events/s");
-        table.rate_row("consumer", "group commit (up to 32 per commit)", &runs[2], Some(relay_median), "events/s");
+        table.rate_row("consumer", "one transaction per message", &runs[1], Some(&runs[0]), "events/s");
+        table.rate_row("consumer", "group commit (up to 32 per commit)", &runs[2], Some(&runs[0]), "events/s");
         let grouped = round_ratio(&runs[2], &runs[0]);
         table.note(format!(
             "Consumer / relay, median of per-round ratios: one per transaction {}, group commit {}.",

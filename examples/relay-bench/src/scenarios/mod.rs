@@ -24,10 +24,11 @@ use crate::report::Run;
 use crate::target::Target;
 
 /// Every scenario name, in run order.
-pub const ALL: [&str; 17] = [
+pub const ALL: [&str; 18] = [
     "aggregates",
     "backlog",
     "batch",
+    "seeds",
     "relays",
     "lease",
     "retained",
@@ -104,6 +105,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> Result<()> {
         "aggregates" => throughput::aggregates(ctx).await,
         "backlog" => throughput::backlog(ctx).await,
         "batch" => throughput::batch(ctx).await,
+        "seeds" => throughput::seeds(ctx).await,
         "relays" => throughput::relays(ctx).await,
         "lease" => throughput::lease(ctx).await,
         "retained" => throughput::retained(ctx).await,
@@ -255,12 +257,24 @@ pub async fn drain_run(ctx: &Ctx, variant: &Variant, shape: Shape, relays: usize
             fill_ours(&db, shape, "o").await?;
             drain_ours(ctx, config, relays, NullPublisher, shape.events as u64).await?
         }
+        Variant::Base(base, batch) if base.is_node() => {
+            base.create(&db).await?;
+            base.fill(&db, shape.events, shape.aggregates).await?;
+            let (url, schema) = (&ctx.target.url, ctx.target.name());
+            crate::baselines::drain_in_node(*base, url, schema, *batch, ctx.budget).await?
+        }
         Variant::Base(base, batch) => {
             base.create(&db).await?;
             base.fill(&db, shape.events, shape.aggregates).await?;
             let mut tasks = Vec::new();
             for _ in 0..relays {
-                let db = ctx.target.connect().await?;
+                let db = if *base == Baseline::OwnTableCeiling {
+                    let db = ctx.target.connect_pinned().await?;
+                    crate::baselines::pin_and_keep(&db, *batch).await?;
+                    db
+                } else {
+                    ctx.target.connect().await?
+                };
                 let (base, batch, budget) = (*base, *batch, ctx.budget);
                 tasks.push(tokio::spawn(async move { base.drain(&db, batch, budget).await }));
             }
@@ -308,12 +322,7 @@ pub async fn alternate_with(ctx: &Ctx, n: usize, run: impl AsyncFn(usize) -> Res
     Ok(runs)
 }
 
-/// The median of the per-round ratios `runs[i] / baseline[i]` (each pair ran back to back, so a slow
-/// stretch of the machine cancels out), rather than the ratio of the medians.
-pub fn round_ratio(runs: &[Run], baseline: &[Run]) -> f64 {
-    let ratios: Vec<f64> = runs.iter().zip(baseline).map(|(r, b)| r.rate() / b.rate().max(f64::MIN_POSITIVE)).collect();
-    crate::report::summary(&ratios).0
-}
+pub use crate::report::round_ratio;
 
 /// The median rate of `runs`.
 pub fn median_rate(runs: &[Run]) -> f64 {
