@@ -118,7 +118,7 @@ pub async fn batch(ctx: &Ctx) -> Result<()> {
             line.points.push((f64::from(batch), median_rate(runs)));
         }
         if batch >= 10 {
-            ctx.floor(&format!("ours / ceiling on our table, batch {batch}"), round_ratio(&runs[2], &runs[1]), 0.3);
+            ctx.floor(&format!("ours / ceiling on our table, batch {batch}"), round_ratio(&runs[2], &runs[1]), 0.2);
         }
     }
     let plan = crate::baselines::PINNED_PLAN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
