@@ -23,8 +23,9 @@ use crate::report::{RATE_HEADER, Run, Table, ratio};
 
 /// The floor of the group-commit consumer's rate over the relay's (`--floors`; measured 0.35-0.47 through
 /// NATS and Redis, 1.1-1.3 through RabbitMQ, in release builds, since groups share one transaction without
-/// savepoints).
-const CONSUMER_FLOOR: f64 = 0.25;
+/// savepoints; 0.32 through Redis in a CI run right after its test build, so the floor leaves room for a
+/// loaded machine and still fails a consumer that got half as fast).
+const CONSUMER_FLOOR: f64 = 0.2;
 /// The floor of the group-commit consumer's rate over one transaction per message (measured 2.0-2.5 in
 /// quick runs).
 const GROUP_GAIN_FLOOR: f64 = 1.5;
