@@ -1,9 +1,11 @@
 //! Consumer-side de-duplication in the consumer's own database.
 
 use chrono::Utc;
-use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, Statement};
+use std::collections::{HashMap, HashSet};
 
-use outbox_runtime::consume::{GroupCalls, GroupCommit, GroupOutcome};
+use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, Statement};
+
+use outbox_runtime::consume::{GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
 use outbox_runtime::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 use sea_orm::DatabaseConnection;
 
@@ -44,13 +46,17 @@ where
     outbox_runtime::check_name("message_id", message_id, MAX_MESSAGE_ID_LEN)?;
     let backend = db.get_database_backend();
     let unit = Unit::begin(db).await.map_err(|e| store_error("begin", "inbox_messages", backend, e))?;
-    let recorded = unit.txn().execute_raw(record_statement(backend, consumer, message_id)).await;
-    let inserted = match recorded {
-        Ok(result) => result.rows_affected(),
-        Err(e) => {
-            unit.roll_back().await;
-            return Err(store_error("record a message", "inbox_messages", backend, e).into());
-        }
+    // Inside a group commit, the group may have written this row already (one statement for the group).
+    let ahead = unit.group().and_then(|group| group.inbox().claim(consumer, message_id));
+    let inserted = match ahead {
+        Some(new) => u64::from(new),
+        None => match unit.txn().execute_raw(record_statement(backend, consumer, message_id)).await {
+            Ok(result) => result.rows_affected(),
+            Err(e) => {
+                unit.roll_back().await;
+                return Err(store_error("record a message", "inbox_messages", backend, e).into());
+            }
+        },
     };
     if inserted == 0 {
         unit.abandon().await;
@@ -71,6 +77,13 @@ where
 /// fails) would roll its savepoint back, and instead makes the whole group roll back, after which each
 /// message runs again alone, with its own transaction and savepoints. The outcome is the same as
 /// running the messages alone, for two statements fewer per call.
+///
+/// The group also writes its messages' inbox rows (under the consumer's name, keyed by event id, as
+/// `#[idempotent_handler]` does) in one statement before the handlers run: a `handle_once` call for one
+/// of them then runs its effect without an insert of its own, or returns `Duplicate` for a row that was
+/// there before, so a grouped message costs its effect's statements alone. A row no handler claimed
+/// (a handler that records under another name, or none) is deleted before the commit: the inbox holds
+/// what the handlers recorded, as without a group.
 ///
 /// ```no_run
 /// # use outbox_seaorm::{Consumer, SeaOrmGroupCommit};
@@ -95,12 +108,38 @@ impl SeaOrmGroupCommit {
 }
 
 impl GroupCommit for SeaOrmGroupCommit {
-    fn run<'a>(&'a self, calls: GroupCalls<'a>) -> GroupOutcome<'a> {
+    fn run<'a>(&'a self, keys: &'a GroupKeys, calls: GroupCalls<'a>) -> GroupOutcome<'a> {
         Box::pin(async move {
             let backend = self.db.get_database_backend();
             let unit =
                 Unit::begin_group(&self.db).await.map_err(|e| store_error("begin", "inbox_messages", backend, e))?;
-            if unit.scope(calls).await && !unit.spoiled() && still_open(unit.txn(), &self.mysql_probe).await {
+            if let Some(group) = unit.own_group() {
+                match record_ahead(unit.txn(), keys).await {
+                    Ok(Some(recorded)) => *group.inbox() = recorded,
+                    Ok(None) => {
+                        // Another delivery of one of the messages committed its row meanwhile (MySQL,
+                        // which cannot say which): the messages run alone, where each insert tells.
+                        tracing::debug!("an inbox row of the group was written concurrently; its messages run alone");
+                        unit.roll_back().await;
+                        return Ok(false);
+                    }
+                    Err(e) => {
+                        unit.roll_back().await;
+                        return Err(store_error("record messages", "inbox_messages", backend, e).into());
+                    }
+                }
+            }
+            let ran = unit.scope(calls).await && !unit.spoiled();
+            let unclaimed = unit.own_group().map(|group| group.inbox().unclaimed()).unwrap_or_default();
+            if ran && !unclaimed.is_empty() {
+                let unclaimed: Vec<&str> = unclaimed.iter().map(String::as_str).collect();
+                let forget = key_statement(backend, "DELETE FROM", &keys.consumer, &unclaimed);
+                if let Err(e) = unit.txn().execute_raw(forget).await {
+                    unit.roll_back().await;
+                    return Err(store_error("delete unclaimed inbox rows", "inbox_messages", backend, e).into());
+                }
+            }
+            if ran && still_open(unit.txn(), &self.mysql_probe).await {
                 unit.finish(Ok(()), |e| store_error("commit", "inbox_messages", backend, e)).await?;
                 Ok(true)
             } else {
@@ -183,4 +222,127 @@ fn record_statement(backend: DbBackend, consumer: &str, message_id: &str) -> Sta
         sql,
         [consumer.into(), message_id.into(), Utc::now().timestamp_millis().into()],
     )
+}
+
+/// The inbox rows a group wrote before its handlers ran, and which of them the handlers claimed.
+#[derive(Debug, Default)]
+pub(crate) struct RecordedAhead {
+    consumer: String,
+    keys: HashMap<String, Ahead>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ahead {
+    /// Inserted by the group, not claimed yet.
+    New,
+    /// Inserted by the group and claimed by a handler.
+    Claimed,
+    /// There before the group (committed by an earlier delivery).
+    Seen,
+}
+
+impl RecordedAhead {
+    /// What an inbox write of `(consumer, message_id)` inside the group finds: `Some(true)` the group wrote
+    /// the row for it (run the effect), `Some(false)` a duplicate (the row was there before, or another
+    /// call of the group claimed it), `None` not recorded ahead (insert as usual).
+    pub(crate) fn claim(&mut self, consumer: &str, message_id: &str) -> Option<bool> {
+        if consumer != self.consumer {
+            return None;
+        }
+        let key = self.keys.get_mut(message_id)?;
+        let new = *key == Ahead::New;
+        if new {
+            *key = Ahead::Claimed;
+        }
+        Some(new)
+    }
+
+    /// The rows the group wrote that no handler claimed, sorted.
+    pub(crate) fn unclaimed(&self) -> Vec<String> {
+        let mut ids: Vec<String> =
+            self.keys.iter().filter(|(_, key)| **key == Ahead::New).map(|(id, _)| id.clone()).collect();
+        ids.sort_unstable();
+        ids
+    }
+}
+
+/// Writes the inbox rows of a group's messages in one statement (two on MySQL) and tells which were new.
+/// Keys are inserted in sorted order, so two groups sharing keys lock them in the same order. `Ok(None)`:
+/// on MySQL, a row appeared between the read and the insert (it cannot say which).
+async fn record_ahead(txn: &DatabaseTransaction, keys: &GroupKeys) -> Result<Option<RecordedAhead>, DbErr> {
+    let consumer = keys.consumer.as_str();
+    let mut ids: Vec<&str> = keys.message_ids.iter().map(String::as_str).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids.retain(|id| outbox_runtime::check_name("message_id", id, MAX_MESSAGE_ID_LEN).is_ok());
+    if ids.is_empty() || outbox_runtime::check_name("consumer", consumer, MAX_CONSUMER_LEN).is_err() {
+        return Ok(Some(RecordedAhead::default()));
+    }
+    let backend = txn.get_database_backend();
+    let now = Utc::now().timestamp_millis();
+    let message_ids = |rows: Vec<sea_orm::QueryResult>| -> Result<HashSet<String>, DbErr> {
+        rows.iter().map(|row| row.try_get::<String>("", "message_id")).collect()
+    };
+    let new = match backend {
+        DbBackend::MySql => {
+            // No `RETURNING`: read which rows are there, then insert the others; a count that differs
+            // means a row was committed in between.
+            let seen = key_statement(backend, "SELECT message_id FROM", consumer, &ids);
+            let seen = message_ids(txn.query_all_raw(seen).await?)?;
+            let fresh: Vec<&str> = ids.iter().copied().filter(|id| !seen.contains(*id)).collect();
+            if !fresh.is_empty() {
+                let insert = insert_statement(backend, "INSERT IGNORE INTO", "", consumer, &fresh, now);
+                if txn.execute_raw(insert).await?.rows_affected() != fresh.len() as u64 {
+                    return Ok(None);
+                }
+            }
+            fresh.into_iter().map(str::to_owned).collect()
+        }
+        _ => {
+            let insert = insert_statement(
+                backend,
+                "INSERT INTO",
+                " ON CONFLICT DO NOTHING RETURNING message_id",
+                consumer,
+                &ids,
+                now,
+            );
+            message_ids(txn.query_all_raw(insert).await?)?
+        }
+    };
+    let recorded =
+        ids.into_iter().map(|id| (id.to_owned(), if new.contains(id) { Ahead::New } else { Ahead::Seen })).collect();
+    Ok(Some(RecordedAhead { consumer: consumer.to_owned(), keys: recorded }))
+}
+
+/// `{verb} inbox_messages (…) VALUES (…), (…){tail}`, one row per id.
+fn insert_statement(backend: DbBackend, verb: &str, tail: &str, consumer: &str, ids: &[&str], now: i64) -> Statement {
+    let mut values = Vec::with_capacity(ids.len() * 3);
+    let rows: Vec<String> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            values.extend([consumer.into(), (*id).into(), now.into()]);
+            match backend {
+                DbBackend::Postgres => format!("(${}, ${}, ${})", 3 * i + 1, 3 * i + 2, 3 * i + 3),
+                _ => "(?, ?, ?)".to_owned(),
+            }
+        })
+        .collect();
+    let sql = format!("{verb} inbox_messages (consumer, message_id, processed_at_ms) VALUES {}{tail}", rows.join(", "));
+    Statement::from_sql_and_values(backend, sql, values)
+}
+
+/// `{verb} inbox_messages WHERE consumer = … AND message_id IN (…)`.
+fn key_statement(backend: DbBackend, verb: &str, consumer: &str, ids: &[&str]) -> Statement {
+    let placeholders: Vec<String> = (0..ids.len())
+        .map(|i| match backend {
+            DbBackend::Postgres => format!("${}", i + 2),
+            _ => "?".to_owned(),
+        })
+        .collect();
+    let first = if backend == DbBackend::Postgres { "$1" } else { "?" };
+    let sql = format!("{verb} inbox_messages WHERE consumer = {first} AND message_id IN ({})", placeholders.join(", "));
+    let values = std::iter::once(consumer.into()).chain(ids.iter().map(|id| (*id).into()));
+    Statement::from_sql_and_values(backend, sql, values)
 }

@@ -122,11 +122,18 @@ enum Txn {
 #[derive(Debug, Default)]
 pub(crate) struct Group {
     spoiled: AtomicBool,
+    /// The inbox rows the group wrote before its handlers ran, which their inbox writes claim.
+    inbox: Mutex<crate::inbox::RecordedAhead>,
 }
 
 impl Group {
     fn spoil(&self) {
         self.spoiled.store(true, Ordering::Relaxed);
+    }
+
+    /// The inbox rows the group recorded ahead.
+    pub(crate) fn inbox(&self) -> std::sync::MutexGuard<'_, crate::inbox::RecordedAhead> {
+        self.inbox.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -316,6 +323,16 @@ impl Unit {
                 Ok(Self::outermost(Frame::with(txn, pool, None, Some(Arc::default()))))
             }
         }
+    }
+
+    /// The group whose transaction this unit shares, or begun.
+    pub(crate) fn group(&self) -> Option<&Group> {
+        self.frame.group.as_deref()
+    }
+
+    /// The group this unit began (not one it joined).
+    pub(crate) fn own_group(&self) -> Option<&Group> {
+        self.frame.group.as_deref().filter(|_| matches!(self.frame.txn, Txn::Own(_)))
     }
 
     /// Whether a call that shared this group's transaction failed: the group must roll back.

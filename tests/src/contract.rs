@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_seaorm::consume::{DeadLetter, Delivery, GroupCalls, GroupCommit, GroupOutcome, Transport};
+use outbox_seaorm::consume::{DeadLetter, Delivery, GroupCalls, GroupCommit, GroupKeys, GroupOutcome, Transport};
 use outbox_seaorm::prelude::*;
 use outbox_seaorm::{
     Backoff, CancellationToken, Consumer, ConsumerConfig, ConsumerStats, NewEvent, Publisher, Received, RelayConfig,
@@ -183,11 +183,11 @@ struct TrackedGroup {
 }
 
 impl GroupCommit for TrackedGroup {
-    fn run<'a>(&'a self, calls: GroupCalls<'a>) -> GroupOutcome<'a> {
+    fn run<'a>(&'a self, keys: &'a GroupKeys, calls: GroupCalls<'a>) -> GroupOutcome<'a> {
         Box::pin(async move {
             let (outcome, staged) = STAGED
                 .scope(std::cell::RefCell::new(Vec::new()), async {
-                    let outcome = self.db.run(calls).await;
+                    let outcome = self.db.run(keys, calls).await;
                     (outcome, STAGED.with(std::cell::RefCell::take))
                 })
                 .await;

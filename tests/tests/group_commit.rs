@@ -1,5 +1,5 @@
 //! Group commit (`Consumer::with_group_commit(SeaOrmGroupCommit)`) on the real databases: a group's
-//! inbox rows and effects commit together, and a transaction that died under a handler which swallowed
+//! inbox rows (written ahead, in one statement) and effects commit together, and a transaction that died under a handler which swallowed
 //! the error never lets the group ack messages whose effects are gone.
 //!
 //! The broker here is a queue in the test (the contract suite runs groups through the four real brokers);
@@ -16,7 +16,7 @@ use outbox_integration_tests::contract::{Running, eventually};
 use outbox_integration_tests::{Backend, TestDb, count_inbox, run_on};
 use outbox_seaorm::consume::{DeadLetter, Delivery, Transport};
 use outbox_seaorm::prelude::*;
-use outbox_seaorm::{ConsumerConfig, InMemoryPublisher, Received, SeaOrmGroupCommit};
+use outbox_seaorm::{ConsumerConfig, Handled, InMemoryPublisher, InboxOutcome, Received, SeaOrmGroupCommit};
 use sea_orm::{ConnectionTrait as _, DbErr};
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +56,12 @@ impl Queue {
             queue.messages.lock().expect("queue").push_back((receipt, delivery));
         }
         queue
+    }
+
+    /// The event id of each message, in queue order.
+    fn ids(&self) -> Vec<String> {
+        let messages = self.messages.lock().expect("queue");
+        messages.iter().map(|(_, d)| d.headers[outbox_seaorm::broker::header::ID].clone()).collect()
     }
 
     /// The aggregate id of the last message: the last of the group that takes them all.
@@ -120,6 +126,15 @@ enum Trouble {
 /// A billing consumer in groups of up to 32 on `t`'s pool, whose handler causes `trouble(order)` and
 /// reports success all the same.
 fn billing(t: &TestDb, trouble: impl Fn(&str) -> Trouble + Send + Sync + 'static) -> Consumer {
+    billing_recording_as(t, CONSUMER, trouble)
+}
+
+/// [`billing`], whose handler records its messages in the inbox under `inbox_name`.
+fn billing_recording_as(
+    t: &TestDb,
+    inbox_name: &'static str,
+    trouble: impl Fn(&str) -> Trouble + Send + Sync + 'static,
+) -> Consumer {
     let (db, trouble) = (t.db.clone(), std::sync::Arc::new(trouble));
     let handler = move |received: Received<OrderBilled>| {
         let (db, trouble) = (db.clone(), trouble.clone());
@@ -127,7 +142,7 @@ fn billing(t: &TestDb, trouble: impl Fn(&str) -> Trouble + Send + Sync + 'static
             let trouble = trouble(&received.event.order_id);
             let order = received.event.order_id.clone();
             let id = received.envelope.id.to_string();
-            let outcome = outbox_seaorm::handle_once(&db, CONSUMER, &id, async |txn| {
+            let outcome = outbox_seaorm::handle_once(&db, inbox_name, &id, async |txn| {
                 insert_invoice(txn, &order, 100).await?;
                 match trouble {
                     Trouble::None => Ok::<_, DbErr>(()),
@@ -140,8 +155,8 @@ fn billing(t: &TestDb, trouble: impl Fn(&str) -> Trouble + Send + Sync + 'static
             })
             .await;
             match outcome {
-                Ok(_) => Ok(()),
-                Err(_) if trouble != Trouble::None => Ok(()), // the handler bug under test: swallowed
+                Ok(outcome) => Ok(Handled::from(outcome)),
+                Err(_) if trouble != Trouble::None => Ok(Handled::Processed), // the handler bug under test: swallowed
                 Err(error) => Err(error.to_string()),
             }
         }
@@ -232,14 +247,61 @@ async fn a_redelivery_in_a_group_does_not_roll_it_back(t: TestDb) {
         messages.extend(again);
     }
     let running = Running::start(billing(&t, |_| Trouble::None), queue);
-    eventually(Duration::from_secs(60), &format!("{t}: 40 handled"), async || running.stats().processed >= 40).await;
+    eventually(Duration::from_secs(60), &format!("{t}: 40 handled"), async || {
+        let stats = running.stats();
+        stats.processed + stats.duplicates >= 40
+    })
+    .await;
     let stats = running.stop().await;
     assert_eq!(stats.group_rollbacks, 0, "{t}: {stats:?}");
+    assert_eq!((stats.processed, stats.duplicates), (20, 20), "{t}: {stats:?}");
     assert_eq!(count_table(&t, "invoices").await, 20, "{t}");
     assert_eq!(count_inbox(&t, CONSUMER).await, 20, "{t}");
 }
 
+/// A group writes its messages' inbox rows before the handlers run, in one statement. A message whose
+/// row an earlier delivery committed is a duplicate there: its effect does not run again, and the group
+/// commits the others.
+async fn a_message_the_inbox_holds_is_a_duplicate_in_a_group(t: TestDb) {
+    create_shop_tables(&t).await;
+    let queue = Queue::of(&t, &billed(20)).await;
+    // Every other message was applied before: its inbox row and its invoice are committed.
+    for id in queue.ids().iter().step_by(2) {
+        let before =
+            outbox_seaorm::handle_once(&t.db, CONSUMER, id, async |txn| insert_invoice(txn, "earlier", 1).await);
+        let outcome = before.await.unwrap_or_else(|e| panic!("{t}: applied before: {e}"));
+        assert!(matches!(outcome, InboxOutcome::Processed(())), "{t}");
+    }
+    let running = Running::start(billing(&t, |_| Trouble::None), queue);
+    eventually(Duration::from_secs(60), &format!("{t}: 20 handled"), async || {
+        let stats = running.stats();
+        stats.processed + stats.duplicates == 20
+    })
+    .await;
+    let stats = running.stop().await;
+    assert_eq!((stats.processed, stats.duplicates), (10, 10), "{t}: {stats:?}");
+    assert_eq!(count_table(&t, "invoices").await, 20, "{t}: 10 earlier and 10 now, none twice");
+    assert_eq!(count_inbox(&t, CONSUMER).await, 20, "{t}");
+}
+
+/// The rows a group writes ahead are under the consumer's name; a handler that records under another
+/// name (or not at all) does not claim them, and they are deleted before the commit: the inbox holds
+/// what the handlers recorded, as without a group.
+async fn rows_no_handler_claimed_are_not_committed(t: TestDb) {
+    create_shop_tables(&t).await;
+    let queue = Queue::of(&t, &billed(20)).await;
+    let running = Running::start(billing_recording_as(&t, "ledger", |_| Trouble::None), queue);
+    eventually(Duration::from_secs(60), &format!("{t}: 20 applied"), async || running.stats().processed == 20).await;
+    let stats = running.stop().await;
+    assert!(stats.groups > 0, "{t}: {stats:?}");
+    assert_eq!(count_table(&t, "invoices").await, 20, "{t}");
+    assert_eq!(count_inbox(&t, "ledger").await, 20, "{t}: the handler's own rows");
+    assert_eq!(count_inbox(&t, CONSUMER).await, 0, "{t}: no row the handlers did not record");
+}
+
 outbox_integration_tests::per_backend!(a_failed_effect_is_undone_in_a_group_as_it_is_alone, "group_failed_effect");
+outbox_integration_tests::per_backend!(a_message_the_inbox_holds_is_a_duplicate_in_a_group, "group_seen");
+outbox_integration_tests::per_backend!(rows_no_handler_claimed_are_not_committed, "group_unclaimed");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redeliveries_in_groups_postgres() {

@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::group::GroupCommit;
+use super::group::{GroupCommit, GroupKeys};
 use super::route::{Attempt, BoxFuture, Handled, Route};
 use super::transport::{DeadLetter, Delivery, Transport};
 use super::{Consumer, Counters};
@@ -251,6 +251,7 @@ impl<'a, T: Transport> Driver<'a, T> {
         taken: Vec<(String, Vec<Delivery<T::Receipt>>)>,
     ) -> Settled<T::Receipt> {
         let mut outcomes: Vec<Vec<Applied>> = taken.iter().map(|_| Vec::new()).collect();
+        let keys = self.group_keys(&taken);
         let committed = {
             let _permit = self.permits.acquire().await;
             let calls = async {
@@ -268,7 +269,7 @@ impl<'a, T: Transport> Driver<'a, T> {
                 }
                 true
             };
-            group.run(Box::pin(calls)).await
+            group.run(&keys, Box::pin(calls)).await
         };
         let size: usize = taken.iter().map(|(_, d)| d.len()).sum();
         match committed {
@@ -299,6 +300,20 @@ impl<'a, T: Transport> Driver<'a, T> {
         // Pipelined: the group's acks go out together.
         futures_util::future::join_all(acks.iter().map(|delivery| self.ack(delivery))).await;
         Settled::Group { lanes, applied }
+    }
+
+    /// The inbox keys of a group's messages that have a handler here, for the group commit to record
+    /// ahead (a message without a valid id is poison, and left out).
+    fn group_keys(&self, taken: &[(String, Vec<Delivery<T::Receipt>>)]) -> GroupKeys {
+        let routes = &self.consumer.routes;
+        let message_ids = taken
+            .iter()
+            .flat_map(|(_, deliveries)| deliveries)
+            .filter(|d| d.headers.get(header::TYPE).is_some_and(|t| routes.contains_key(t.as_str())))
+            .filter_map(|d| d.headers.get(header::ID)?.parse::<crate::envelope::EventId>().ok())
+            .map(|id| id.to_string())
+            .collect();
+        GroupKeys { consumer: self.consumer.name.clone(), message_ids }
     }
 
     /// One message of a group, inside the group's transaction.

@@ -12,6 +12,18 @@ pub type GroupCalls<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
 /// What [`GroupCommit::run`] returns.
 pub type GroupOutcome<'a> = Pin<Box<dyn Future<Output = Result<bool, BoxError>> + Send + 'a>>;
 
+/// The inbox keys of a group's messages: what an inbox write of their handlers will most likely ask for,
+/// so that a [`GroupCommit`] can record them all in one statement before the handlers run instead of one
+/// statement per handler.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupKeys {
+    /// The consumer's name ([`Consumer::name`](super::Consumer::name)).
+    pub consumer: String,
+    /// The event id (hyphenated, lower case, as `Uuid`'s `Display` writes it) of each message of the group
+    /// that has a handler here, in group order; a message delivered twice appears twice.
+    pub message_ids: Vec<String>,
+}
+
 /// Runs a group of handler calls in one database transaction that their inbox writes join, so that a
 /// group of messages costs one commit (one fsync) instead of one each.
 ///
@@ -27,5 +39,10 @@ pub trait GroupCommit: Send + Sync + 'static {
     /// Begins a transaction, runs `calls` with it as the task's current transaction, then commits it when
     /// `calls` returned `true` (`Ok(true)`) or rolls it back when `false` (`Ok(false)`). An error of the
     /// begin or the commit is `Err`: nothing of the group is acked, and its messages run again alone.
-    fn run<'a>(&'a self, calls: GroupCalls<'a>) -> GroupOutcome<'a>;
+    ///
+    /// `keys` names the inbox rows the handlers are expected to write; an implementation may record them
+    /// ahead (outbox-seaorm does, in one statement), as long as the outcome is the one of each handler
+    /// recording its own: a key the handlers did not claim is not committed, and a key recorded before is
+    /// reported to its handler as a duplicate without running its effect.
+    fn run<'a>(&'a self, keys: &'a GroupKeys, calls: GroupCalls<'a>) -> GroupOutcome<'a>;
 }

@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use dead_letters::{DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters};
-pub use group::{GroupCalls, GroupCommit, GroupOutcome};
+pub use group::{GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
 pub use route::{EventHandler, Handled, Received};
 pub use transport::{
     DeadLetter, Delivery, MAX_DEAD_REASON_LEN, ReplayDeadLetters, Replayable, Transport, dead_header, replayable,
@@ -319,8 +319,8 @@ impl Consumer {
     /// exactly-once effects hold as without it; acks follow the group's commit.
     ///
     /// ```no_run
-    /// # use outbox_runtime::consume::{GroupCalls, GroupCommit, GroupOutcome};
-    /// # struct Db; impl GroupCommit for Db { fn run<'a>(&'a self, c: GroupCalls<'a>) -> GroupOutcome<'a> { Box::pin(async { Ok(c.await) }) } }
+    /// # use outbox_runtime::consume::{GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
+    /// # struct Db; impl GroupCommit for Db { fn run<'a>(&'a self, _: &'a GroupKeys, c: GroupCalls<'a>) -> GroupOutcome<'a> { Box::pin(async { Ok(c.await) }) } }
     /// # fn demo(db: Db) -> outbox_runtime::Result<()> {
     /// // With outbox-seaorm: `.with_group_commit(SeaOrmGroupCommit::new(db.clone()))`.
     /// let consumer = outbox_runtime::Consumer::new("billing")?.with_group_commit(db);

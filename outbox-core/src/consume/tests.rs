@@ -360,6 +360,8 @@ tokio::task_local! {
 struct StagedDb {
     applied: std::sync::Arc<Mutex<Vec<(String, u64)>>>,
     commits: std::sync::Arc<Mutex<Vec<usize>>>,
+    /// The keys each committed group was given.
+    keys: std::sync::Arc<Mutex<Vec<GroupKeys>>>,
     rollbacks: std::sync::Arc<Mutex<u32>>,
 }
 
@@ -377,7 +379,7 @@ impl StagedDb {
 }
 
 impl GroupCommit for StagedDb {
-    fn run<'a>(&'a self, calls: GroupCalls<'a>) -> GroupOutcome<'a> {
+    fn run<'a>(&'a self, keys: &'a GroupKeys, calls: GroupCalls<'a>) -> GroupOutcome<'a> {
         Box::pin(async move {
             let (commit, staged) = STAGED
                 .scope(std::cell::RefCell::new(Vec::new()), async {
@@ -387,6 +389,7 @@ impl GroupCommit for StagedDb {
                 .await;
             if commit {
                 self.commits.lock().unwrap().push(staged.len());
+                self.keys.lock().unwrap().push(keys.clone());
                 self.applied.lock().unwrap().extend(staged);
             } else {
                 *self.rollbacks.lock().unwrap() += 1;
@@ -433,6 +436,16 @@ async fn a_group_applies_many_messages_in_one_commit_in_order_and_acks_after_it(
     assert!(commits.iter().all(|&n| n <= 32), "no group above group_size: {commits:?}");
     assert_eq!(stats.groups, commits.len() as u64, "{stats:?}");
     assert_eq!(transport.acked.lock().unwrap().len(), 200);
+    // Each group named its messages' inbox keys (the event ids), for a group commit to record ahead.
+    let keys = db.keys.lock().unwrap().clone();
+    assert!(keys.iter().all(|k| k.consumer == "c"), "{keys:?}");
+    let sizes: Vec<usize> = keys.iter().map(|k| k.message_ids.len()).collect();
+    assert_eq!(sizes, commits, "one key per message of each group");
+    let mut ids: Vec<&String> = keys.iter().flat_map(|k| &k.message_ids).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 200, "every message's own id");
+    assert!(ids.iter().all(|id| id.parse::<EventId>().is_ok_and(|e| e.to_string() == **id)));
 }
 
 #[tokio::test]
