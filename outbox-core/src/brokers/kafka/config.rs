@@ -57,70 +57,45 @@ pub(super) fn validate_destination(destination: &Destination) -> Result<()> {
     })
 }
 
-/// Turns `kafka://host:port[,host:port...]` or `host:port[,...]` into librdkafka's `bootstrap.servers`. A
-/// missing port means 9092. An unknown scheme, an empty host, a path, a query, credentials or a port that
-/// is not a number in 1..=65535 are an [`Error::InvalidConfig`] (set SASL/TLS through the config overrides).
+/// Turns `kafka://host:port[,host:port...]` or `host:port[,...]` into librdkafka's `bootstrap.servers`,
+/// parsed by [`BrokerUrl`](crate::brokers::BrokerUrl) like every other broker URL. A missing port is
+/// left to librdkafka (9092). Another scheme, an empty host, a path, a query, credentials (set SASL/TLS
+/// through the config overrides) or a port that is not a number in 1..=65535 are an
+/// [`Error::InvalidConfig`].
 pub fn bootstrap_servers(url: &str) -> Result<String> {
-    let invalid = |reason: String| {
-        Error::invalid_config("bootstrap", format!("{url:?} {reason}; expected kafka://host:port or host:port"))
-    };
+    use crate::brokers::{BrokerKind, BrokerUrl};
+    const EXAMPLE: &str = "kafka://host:9092";
     let trimmed = url.trim();
-    let rest = match trimmed.split_once("://") {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("kafka") => rest,
-        Some((scheme, _)) => return Err(invalid(format!("has scheme {scheme:?}, not kafka"))),
-        None => trimmed,
+    let parsed = if trimmed.contains("://") {
+        BrokerUrl::parse(trimmed)?.expect(BrokerKind::Kafka, EXAMPLE)?
+    } else {
+        BrokerUrl::parse(&format!("kafka://{trimmed}"))?
     };
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.is_empty() {
-        return Err(invalid("has no host".to_owned()));
+    let invalid = |reason: &str| {
+        Error::invalid_config("broker_url", format!("{} {reason}; expected e.g. {EXAMPLE}", parsed.redacted()))
+    };
+    let after_scheme = parsed.expose().split_once("://").map_or("", |(_, rest)| rest);
+    if after_scheme.split(['/', '?', '#']).next().is_some_and(|authority| authority.contains('@')) {
+        return Err(invalid(
+            "has credentials, which Kafka URLs do not carry (set sasl.* through the config overrides)",
+        ));
+    }
+    if !matches!(parsed.path(), "" | "/") {
+        return Err(invalid("has a path or query, which Kafka URLs do not carry (paths are not supported)"));
     }
     let mut servers = Vec::new();
-    for server in rest.split(',') {
-        let server = server.trim();
-        check_server(server).map_err(invalid)?;
-        servers.push(server);
+    for (host, port) in parsed.hosts() {
+        let name = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+        let valid = match name {
+            Some(v6) => !v6.is_empty() && v6.chars().all(|c| c.is_ascii_hexdigit() || matches!(c, ':' | '.')),
+            None => host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')),
+        };
+        if !valid {
+            return Err(invalid(&format!("has host {:?}, not a host name or address", crate::text::one_line(host))));
+        }
+        servers.push(port.map_or_else(|| host.clone(), |port| format!("{host}:{port}")));
     }
     Ok(servers.join(","))
-}
-
-fn check_server(server: &str) -> std::result::Result<(), String> {
-    if server.is_empty() {
-        return Err("has an empty server in its list".to_owned());
-    }
-    if let Some(c) = server.chars().find(|c| matches!(c, '/' | '?' | '#' | '@') || c.is_whitespace()) {
-        return Err(format!("has {c:?} in {server:?} (paths, queries and credentials are not supported)"));
-    }
-    let (host, port) = if let Some(inner) = server.strip_prefix('[') {
-        let (host, after) = inner.split_once(']').ok_or_else(|| format!("has an unclosed `[` in {server:?}"))?;
-        if host.is_empty() || !host.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.') {
-            return Err(format!("has an invalid IPv6 address in {server:?}"));
-        }
-        match after {
-            "" => (host, None),
-            _ => (host, Some(after.strip_prefix(':').ok_or_else(|| format!("has junk after `]` in {server:?}"))?)),
-        }
-    } else {
-        let (host, port) = match server.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (server, None),
-        };
-        if host.is_empty() {
-            return Err(format!("has no host in {server:?}"));
-        }
-        if let Some(c) = host.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))) {
-            return Err(format!("has {c:?} in host {host:?}"));
-        }
-        (host, port)
-    };
-    if host.is_empty() {
-        return Err(format!("has no host in {server:?}"));
-    }
-    if let Some(port) = port
-        && !port.parse::<u16>().is_ok_and(|p| p > 0)
-    {
-        return Err(format!("has port {port:?}, not a number in 1..=65535"));
-    }
-    Ok(())
 }
 
 /// Routes librdkafka's logs and errors to `tracing` and reports failed offset commits.
@@ -299,15 +274,17 @@ mod tests {
         assert_eq!(bootstrap_servers("broker-1.local").unwrap(), "broker-1.local");
         assert_eq!(bootstrap_servers("[::1]:9092").unwrap(), "[::1]:9092");
         for (url, expected) in [
-            ("nats://127.0.0.1:4222", "scheme \"nats\""),
+            ("nats://127.0.0.1:4222", "not a Kafka URL"),
             ("kafka://", "no host"),
             ("kafka://:9092", "no host"),
             ("kafka://host:port", "port \"port\""),
             ("kafka://host:0", "port \"0\""),
             ("kafka://user:pw@host:9092", "credentials"),
             ("kafka://host:9092/topic", "paths"),
-            ("kafka://a:1,,b:2", "empty server"),
-            ("kafka://ho st:1", "' '"),
+            ("kafka://a:1,,b:2", "empty host"),
+            ("kafka://ho st:1", "whitespace"),
+            ("kafka://h*st:1", "not a host name"),
+            ("[zz]:1", "not a host name"),
         ] {
             let error = bootstrap_servers(url).unwrap_err().to_string();
             assert!(error.contains(expected), "{url}: {error}");
