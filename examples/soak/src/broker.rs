@@ -10,11 +10,11 @@
 //! - `--broker URL`: the adapter of that broker publishes, and the consume driver (lanes per aggregate)
 //!   consumes with `--consumers` as its concurrency; each delivery is recorded before the handler runs.
 
-use outbox_seaorm::brokers::BrokerKind;
-use outbox_seaorm::brokers::kafka::{KafkaPublisher, KafkaTransport, Subscription};
-use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport};
-use outbox_seaorm::brokers::rabbitmq::{DEFAULT_DEAD_LETTER_SUFFIX, RabbitPublisher, RabbitTransport};
-use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport};
+use outbox_seaorm::brokers::kafka::{KafkaTransport, Subscription};
+use outbox_seaorm::brokers::nats::NatsTransport;
+use outbox_seaorm::brokers::rabbitmq::{DEFAULT_DEAD_LETTER_SUFFIX, RabbitTransport};
+use outbox_seaorm::brokers::redis::RedisTransport;
+use outbox_seaorm::brokers::{AnyPublisher, BrokerKind};
 use outbox_seaorm::{
     BoxError, CancellationToken, Consumer, ConsumerConfig, Destination, InboxOutcome, OutboxEvent, PublishError,
     Publisher, Received, SeaOrmGroupCommit,
@@ -75,29 +75,6 @@ impl Publisher for TableBroker {
     }
 }
 
-/// A real broker's publisher, chosen by URL.
-pub enum AnyPublisher {
-    /// NATS JetStream.
-    Nats(Box<NatsPublisher>),
-    /// Kafka.
-    Kafka(Box<KafkaPublisher>),
-    /// RabbitMQ.
-    Rabbit(Box<RabbitPublisher>),
-    /// Redis Streams.
-    Redis(Box<RedisPublisher>),
-}
-
-impl Publisher for AnyPublisher {
-    async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), PublishError>> {
-        match self {
-            AnyPublisher::Nats(p) => p.publish(events).await,
-            AnyPublisher::Kafka(p) => p.publish(events).await,
-            AnyPublisher::Rabbit(p) => p.publish(events).await,
-            AnyPublisher::Redis(p) => p.publish(events).await,
-        }
-    }
-}
-
 /// The run's stream, subject, queue or topic names.
 pub struct Names {
     /// NATS stream, Redis stream key, RabbitMQ queue and exchange, Kafka topic.
@@ -118,31 +95,23 @@ impl Names {
 /// Connects the publisher of `url` for run `run_id`; `setup` also creates the stream, exchange or queue.
 pub async fn connect_publisher(url: &str, run_id: &str, setup: bool) -> Result<AnyPublisher, SoakError> {
     let names = Names::of(run_id);
-    Ok(match BrokerKind::from_url(url)? {
-        BrokerKind::Nats => {
-            let publisher =
-                NatsPublisher::connect(url, Destination::parse(&format!("{}.{{event_type}}", names.name))?).await?;
-            if setup {
-                publisher.ensure_stream(&names.name, &[&names.nats_subjects()]).await?;
-            }
-            AnyPublisher::Nats(Box::new(publisher))
+    let destination = match BrokerKind::from_url(url)? {
+        BrokerKind::Nats => format!("{}.{{event_type}}", names.name),
+        BrokerKind::RabbitMq => "soak.{event_type}".to_owned(),
+        BrokerKind::Kafka | BrokerKind::Redis => names.name.clone(),
+    };
+    let publisher = AnyPublisher::connect_to_exchange(url, &names.name, Destination::parse(&destination)?).await?;
+    match &publisher {
+        AnyPublisher::Nats(publisher) if setup => {
+            publisher.ensure_stream(&names.name, &[&names.nats_subjects()]).await?;
         }
-        BrokerKind::Kafka => {
-            AnyPublisher::Kafka(Box::new(KafkaPublisher::connect(url, Destination::parse(&names.name)?, &[])?))
+        AnyPublisher::Rabbit(publisher) if setup => {
+            publisher.declare_exchange(&names.name).await?;
+            publisher.declare_queue(&names.name, &names.name, "soak.#").await?;
         }
-        BrokerKind::RabbitMq => {
-            let publisher =
-                RabbitPublisher::connect(url, &names.name, Destination::parse("soak.{event_type}")?).await?;
-            if setup {
-                publisher.declare_exchange(&names.name).await?;
-                publisher.declare_queue(&names.name, &names.name, "soak.#").await?;
-            }
-            AnyPublisher::Rabbit(Box::new(publisher))
-        }
-        BrokerKind::Redis => {
-            AnyPublisher::Redis(Box::new(RedisPublisher::connect(url, Destination::parse(&names.name)?).await?))
-        }
-    })
+        _ => {}
+    }
+    Ok(publisher)
 }
 
 /// Removes the run's NATS stream or RabbitMQ exchange and queues. A Redis stream key (`soak_<run>`, and
@@ -162,7 +131,7 @@ pub async fn remove_topology(url: &str, run_id: &str) -> Result<(), SoakError> {
             publisher.delete_queue(&format!("{}{DEFAULT_DEAD_LETTER_SUFFIX}", names.name)).await?;
             publisher.delete_exchange(&names.name).await?;
         }
-        AnyPublisher::Kafka(_) | AnyPublisher::Redis(_) => {}
+        _ => {}
     }
     Ok(())
 }

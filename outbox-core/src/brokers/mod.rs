@@ -15,7 +15,11 @@
 //! | `kafka` | `kafka://host:9092` | `kafka::KafkaPublisher` | `kafka::KafkaTransport` |
 //! | `rabbitmq` | `amqp://user:pass@host:5672/%2f` | `rabbitmq::RabbitPublisher` | `rabbitmq::RabbitTransport` |
 //! | `redis` | `redis://host:6379` | `redis::RedisPublisher` | `redis::RedisTransport` |
+//!
+//! [`AnyPublisher::connect`] connects the publisher of whichever of them a URL names.
 
+#[cfg(any(feature = "nats", feature = "kafka", feature = "rabbitmq", feature = "redis"))]
+mod any;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 #[cfg(feature = "nats")]
@@ -28,6 +32,8 @@ pub mod redis;
 mod retry;
 mod url;
 
+#[cfg(any(feature = "nats", feature = "kafka", feature = "rabbitmq", feature = "redis"))]
+pub use any::{AnyPublisher, DEFAULT_EXCHANGE};
 pub use retry::{ConnectRetry, connect_with_retry};
 pub use url::BrokerUrl;
 
