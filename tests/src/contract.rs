@@ -376,6 +376,15 @@ pub mod cases {
         assert!(stats.groups > 0 && stats.groups < stats.processed, "{}: applied in groups: {stats:?}", F::NAME);
         assert_eq!(crate::count_inbox(&t, "rt").await, 40, "{}", F::NAME);
         applied.assert_in_order(F::NAME);
+        // The groups' acks (pipelined where the broker allows) reached the broker: a consumer that takes
+        // over the group gets the next event and nothing of the 40 again.
+        enqueue(&t, &[Counted { item: "after".into(), n: 0 }.to_new_event().expect("valid event")]).await;
+        relay_all(&t, &fx, 1).await;
+        let (next, _) = counting_consumer(&t, "rt", fast_config(), |_, _| false);
+        let running = Running::start(next, fx.transport("rt").await);
+        eventually(Duration::from_secs(60), "the next event", async || effects(&t, "rt").await.len() == 41).await;
+        let stats = running.stop().await;
+        assert_eq!((stats.processed, stats.duplicates), (1, 0), "{}: nothing redelivered: {stats:?}", F::NAME);
         fx.teardown().await;
     }
 

@@ -297,8 +297,7 @@ impl<'a, T: Transport> Driver<'a, T> {
             }
             lanes.push((lane, rest));
         }
-        // Pipelined: the group's acks go out together.
-        futures_util::future::join_all(acks.iter().map(|delivery| self.ack(delivery))).await;
+        self.ack_group(&acks).await;
         Settled::Group { lanes, applied }
     }
 
@@ -529,6 +528,19 @@ impl<'a, T: Transport> Driver<'a, T> {
             {
                 tracing::debug!(%error, "keep-alive failed; the broker may redeliver the message (the inbox absorbs it)");
             }
+        }
+    }
+
+    /// Acks a committed group's messages together (pipelined where the transport can); when that fails,
+    /// each alone, with retries.
+    async fn ack_group(&self, deliveries: &[Delivery<T::Receipt>]) {
+        if deliveries.is_empty() {
+            return;
+        }
+        let receipts: Vec<&T::Receipt> = deliveries.iter().map(|delivery| &delivery.receipt).collect();
+        if let Err(error) = self.transport.ack_all(&receipts).await {
+            tracing::debug!(%error, messages = deliveries.len(), "acking the group at once failed; acking each alone");
+            futures_util::future::join_all(deliveries.iter().map(|delivery| self.ack(delivery))).await;
         }
     }
 

@@ -127,6 +127,17 @@ pub trait Transport: Send + Sync {
     /// Acknowledges a message: the broker will not deliver it again.
     fn ack(&self, receipt: &Self::Receipt) -> impl Future<Output = Result<()>> + Send;
 
+    /// Acknowledges the messages of a group, which the driver acks together after the group's commit: `Ok`
+    /// once the broker has them all. The default acks each, all at once; a transport that can pipeline
+    /// (NATS: every `+ACK` written, then one flush) does better. On `Err` the driver acks each message
+    /// again alone, with retries (acking twice is harmless).
+    fn ack_all(&self, receipts: &[&Self::Receipt]) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            let acks = futures_util::future::join_all(receipts.iter().map(|receipt| self.ack(receipt))).await;
+            acks.into_iter().collect()
+        }
+    }
+
     /// Hands a message back unprocessed, to be delivered again.
     fn release(&self, receipt: &Self::Receipt) -> impl Future<Output = Result<()>> + Send;
 

@@ -448,6 +448,26 @@ impl Transport for NatsTransport {
         }
     }
 
+    /// Every `+ACK` written, then one flush: the server has read them all once its `PONG` arrives (one
+    /// round trip for the group instead of a request per message). A lost ack costs a redelivery, which
+    /// the inbox absorbs.
+    async fn ack_all(&self, receipts: &[&NatsReceipt]) -> Result<()> {
+        let client = &self.shared.client;
+        for receipt in receipts {
+            self.forget(receipt);
+            client
+                .publish(receipt.reply.clone(), "+ACK".into())
+                .await
+                .map_err(|e| Error::broker(BROKER, self.what("ack", receipt), e))?;
+        }
+        let what = || format!("ack {} messages of stream {:?}", receipts.len(), self.stream);
+        match tokio::time::timeout(self.options.request_timeout, client.flush()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(Error::broker(BROKER, what(), error)),
+            Err(_) => Err(Error::broker(BROKER, what(), "flush timed out")),
+        }
+    }
+
     /// `-NAK`: the server redelivers the message at once, ahead of newer ones.
     async fn release(&self, receipt: &NatsReceipt) -> Result<()> {
         self.forget(receipt);

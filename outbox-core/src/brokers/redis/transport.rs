@@ -352,9 +352,18 @@ impl RedisTransport {
     }
 
     async fn xack(&self, id: &str) -> Result<()> {
+        self.xack_all(&[id]).await
+    }
+
+    /// `XACK <stream> <group> <id>...`: one command for every entry of a group.
+    async fn xack_all(&self, ids: &[&str]) -> Result<()> {
         let mut cmd = ::redis::cmd("XACK");
-        cmd.arg(&self.shared.stream).arg(&self.shared.group).arg(id);
-        self.shared.commands.query(&cmd).await.map(|_| ()).map_err(|e| self.redis_error(&format!("ack entry {id}"), e))
+        cmd.arg(&self.shared.stream).arg(&self.shared.group).arg(ids);
+        let what = || match ids {
+            [id] => format!("ack entry {id}"),
+            _ => format!("ack {} entries", ids.len()),
+        };
+        self.shared.commands.query(&cmd).await.map(|_| ()).map_err(|e| self.redis_error(&what(), e))
     }
 
     /// `XADD <dead stream> * <fields...>`: `Ok` once Redis answered with the new entry's id.
@@ -489,6 +498,13 @@ impl Transport for RedisTransport {
     async fn ack(&self, receipt: &RedisReceipt) -> Result<()> {
         self.forget(receipt);
         self.xack(&receipt.id).await
+    }
+
+    /// One `XACK` for the whole group.
+    async fn ack_all(&self, receipts: &[&RedisReceipt]) -> Result<()> {
+        receipts.iter().for_each(|receipt| self.forget(receipt));
+        let ids: Vec<&str> = receipts.iter().map(|receipt| receipt.id.as_str()).collect();
+        self.xack_all(&ids).await
     }
 
     /// Nothing at Redis: the entry stays pending in this consumer's name. It comes back on this
