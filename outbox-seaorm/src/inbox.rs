@@ -132,7 +132,6 @@ impl GroupCommit for SeaOrmGroupCommit {
             let ran = unit.scope(calls).await && !unit.spoiled();
             let unclaimed = unit.own_group().map(|group| group.inbox().unclaimed()).unwrap_or_default();
             if ran && !unclaimed.is_empty() {
-                let unclaimed: Vec<&str> = unclaimed.iter().map(String::as_str).collect();
                 let forget = key_statement(backend, "DELETE FROM", &keys.consumer, &unclaimed);
                 if let Err(e) = unit.txn().execute_raw(forget).await {
                     unit.roll_back().await;
@@ -206,22 +205,11 @@ async fn still_open(txn: &DatabaseTransaction, mysql_probe: &std::sync::atomic::
 /// `INSERT` that affects 0 rows for a duplicate: `ON CONFLICT DO NOTHING` on PostgreSQL and SQLite,
 /// `INSERT IGNORE` on MySQL (whose `ON DUPLICATE KEY UPDATE` would report 1 row).
 fn record_statement(backend: DbBackend, consumer: &str, message_id: &str) -> Statement {
-    let sql = match backend {
-        DbBackend::Postgres => {
-            "INSERT INTO inbox_messages (consumer, message_id, processed_at_ms) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING"
-        }
-        DbBackend::MySql => {
-            "INSERT IGNORE INTO inbox_messages (consumer, message_id, processed_at_ms) VALUES (?, ?, ?)"
-        }
-        _ => {
-            "INSERT INTO inbox_messages (consumer, message_id, processed_at_ms) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
-        }
+    let (verb, tail) = match backend {
+        DbBackend::MySql => ("INSERT IGNORE INTO", ""),
+        _ => ("INSERT INTO", " ON CONFLICT DO NOTHING"),
     };
-    Statement::from_sql_and_values(
-        backend,
-        sql,
-        [consumer.into(), message_id.into(), Utc::now().timestamp_millis().into()],
-    )
+    insert_statement(backend, verb, tail, consumer, &[message_id], Utc::now().timestamp_millis())
 }
 
 /// The inbox rows a group wrote before its handlers ran, and which of them the handlers claimed.
@@ -334,7 +322,7 @@ fn insert_statement(backend: DbBackend, verb: &str, tail: &str, consumer: &str, 
 }
 
 /// `{verb} inbox_messages WHERE consumer = … AND message_id IN (…)`.
-fn key_statement(backend: DbBackend, verb: &str, consumer: &str, ids: &[&str]) -> Statement {
+fn key_statement<S: AsRef<str>>(backend: DbBackend, verb: &str, consumer: &str, ids: &[S]) -> Statement {
     let placeholders: Vec<String> = (0..ids.len())
         .map(|i| match backend {
             DbBackend::Postgres => format!("${}", i + 2),
@@ -343,6 +331,6 @@ fn key_statement(backend: DbBackend, verb: &str, consumer: &str, ids: &[&str]) -
         .collect();
     let first = if backend == DbBackend::Postgres { "$1" } else { "?" };
     let sql = format!("{verb} inbox_messages WHERE consumer = {first} AND message_id IN ({})", placeholders.join(", "));
-    let values = std::iter::once(consumer.into()).chain(ids.iter().map(|id| (*id).into()));
+    let values = std::iter::once(consumer.into()).chain(ids.iter().map(|id| id.as_ref().into()));
     Statement::from_sql_and_values(backend, sql, values)
 }

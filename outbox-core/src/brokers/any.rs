@@ -92,57 +92,35 @@ impl AnyPublisher {
             )),
         }
     }
+}
 
-    /// The publisher as the [`Publisher`] trait object it dispatches to.
-    fn inner(&self) -> &(dyn DynPublisher + '_) {
-        match self {
+/// Calls `$call` on whichever adapter `$any` holds.
+macro_rules! dispatch {
+    ($any:expr, $p:ident => $call:expr) => {
+        match $any {
             #[cfg(feature = "nats")]
-            Self::Nats(p) => p.as_ref(),
+            AnyPublisher::Nats($p) => $call,
             #[cfg(feature = "kafka")]
-            Self::Kafka(p) => p.as_ref(),
+            AnyPublisher::Kafka($p) => $call,
             #[cfg(feature = "rabbitmq")]
-            Self::Rabbit(p) => p.as_ref(),
+            AnyPublisher::Rabbit($p) => $call,
             #[cfg(feature = "redis")]
-            Self::Redis(p) => p.as_ref(),
+            AnyPublisher::Redis($p) => $call,
         }
-    }
-}
-
-/// What [`DynPublisher::publish_boxed`] returns.
-type Published<'a> = std::pin::Pin<Box<dyn Future<Output = Vec<std::result::Result<(), PublishError>>> + Send + 'a>>;
-
-/// [`Publisher`] with a boxed future, so that the variants can be called through one reference.
-trait DynPublisher: Send + Sync {
-    fn publish_boxed<'a>(&'a self, events: &'a [OutboxEvent]) -> Published<'a>;
-    fn system(&self) -> &'static str;
-    fn destination_name(&self, event: &OutboxEvent) -> Option<String>;
-}
-
-impl<P: Publisher> DynPublisher for P {
-    fn publish_boxed<'a>(&'a self, events: &'a [OutboxEvent]) -> Published<'a> {
-        Box::pin(self.publish(events))
-    }
-
-    fn system(&self) -> &'static str {
-        Publisher::system(self)
-    }
-
-    fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
-        Publisher::destination_name(self, event)
-    }
+    };
 }
 
 impl Publisher for AnyPublisher {
     async fn publish(&self, events: &[OutboxEvent]) -> Vec<std::result::Result<(), PublishError>> {
-        self.inner().publish_boxed(events).await
+        dispatch!(self, p => p.publish(events).await)
     }
 
     fn system(&self) -> &'static str {
-        self.inner().system()
+        dispatch!(self, p => p.system())
     }
 
     fn destination_name(&self, event: &OutboxEvent) -> Option<String> {
-        self.inner().destination_name(event)
+        dispatch!(self, p => p.destination_name(event))
     }
 }
 
