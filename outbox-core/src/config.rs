@@ -13,7 +13,7 @@ pub enum ClaimMode {
     /// MySQL/MariaDB), and a [`Lease`](ClaimMode::Lease) of [`auto_lease`](ClaimMode::auto_lease) where a
     /// transaction holds the database's only write lock (SQLite), so that the app's own writes never wait
     /// for a broker. [`Relay::new`](crate::Relay::new) resolves it from
-    /// [`OutboxStore::claims_block_writers`](crate::OutboxStore::claims_block_writers).
+    /// [`OutboxStore::claims_block_writers`](crate::store::OutboxStore::claims_block_writers).
     #[default]
     Auto,
     /// Lock the claimed rows (`FOR UPDATE SKIP LOCKED`) in a transaction that stays open while the

@@ -12,7 +12,7 @@
 //! - [`Relay`]: claim, publish, mark; retry with [`Backoff`]; dead letters; per-aggregate order.
 //! - [`OutboxService`]: relay tasks, cleanup and a stats sampler behind one handle, with [`Health`] and a
 //!   shutdown that leaves nothing claimed; [`wake_relays`] starts an idle relay at once after a commit.
-//! - [`OutboxStore`]: what a database must provide (`outbox-seaorm` implements it for SeaORM).
+//! - [`store`]: what a database must provide (`outbox-seaorm` implements it for SeaORM).
 //! - [`Publisher`]: what a broker adapter must provide; [`InMemoryPublisher`] for tests.
 //! - `testkit` (feature `testkit`): a fault-injecting publisher and a history checker, to prove an app's
 //!   handlers apply every committed event once, in order per aggregate, while the broker misbehaves.
@@ -178,32 +178,48 @@ pub mod __private {
 #[doc(hidden)]
 pub use self::__private as __derive;
 
-mod store;
+pub mod store;
 mod telemetry;
 mod text;
 pub mod trace_context;
 
-pub use broker::Destination;
-pub use config::{Backoff, ClaimMode, DeadLetterPolicy, MAX_BACKOFF, MAX_LEASE, MAX_RELAY_INTERVAL, RelayConfig};
-pub use consume::{Consumer, ConsumerConfig, ConsumerStats, EventHandler, Handled, Received, Transport};
-pub use envelope::{
-    DEFAULT_MAX_PAYLOAD_BYTES, EventId, Headers, MAX_AGGREGATE_ID_LEN, MAX_AGGREGATE_TYPE_LEN, MAX_EVENT_TYPE_LEN,
-    MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, NewEvent, OutboxEvent, check_name,
-};
-pub use error::{BoxError, Error, Result};
+/// The bounds on what the outbox accepts: longer names and bigger payloads are refused with an error
+/// naming the bound, and settings past a maximum are refused by [`RelayConfig::validate`].
+pub mod limits {
+    pub use crate::config::{MAX_BACKOFF, MAX_LEASE, MAX_RELAY_INTERVAL};
+    pub use crate::envelope::{
+        DEFAULT_MAX_PAYLOAD_BYTES, MAX_AGGREGATE_ID_LEN, MAX_AGGREGATE_TYPE_LEN, MAX_EVENT_TYPE_LEN,
+        MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN,
+    };
+    pub use crate::inbox::{MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
+}
+
+/// Text and name checks shared with `outbox-seaorm` and the tools; not a public API.
+#[doc(hidden)]
+pub mod __support {
+    pub use crate::envelope::check_name;
+    pub use crate::text::{one_line, redact_secrets, redact_url, split_credentials, truncate};
+}
+
+// Events.
+pub use envelope::{EventId, Headers, NewEvent, OutboxEvent};
 #[cfg(feature = "schemars")]
 pub use event::event_json_schema;
 pub use event::{DomainEvent, EventSchema, FieldSchema, PayloadSchema, verify_events_lock, verify_events_lock_all};
-pub use inbox::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
+// Publishing.
+pub use broker::Destination;
+pub use config::{Backoff, ClaimMode, DeadLetterPolicy, RelayConfig};
 pub use memory::InMemoryPublisher;
 pub use publisher::{PublishError, Publisher};
 pub use relay::{Relay, RelayPass};
-pub use service::{CLEANUP_LOCK, CleanupConfig, Health, OutboxService, OutboxServiceBuilder, ServiceConfig};
-pub use store::{BatchOutcome, ClaimRequest, ClaimedBatch, Failure, MarkReport, OutboxStats, OutboxStore, StoreLock};
+pub use service::{CleanupConfig, Health, OutboxService, OutboxServiceBuilder, ServiceConfig};
+pub use wake::wake_relays;
+// Consuming.
+pub use consume::{Consumer, ConsumerConfig, ConsumerStats, EventHandler, Handled, Received, Transport};
+pub use inbox::InboxOutcome;
+// Errors and shutdown.
+pub use error::{BoxError, Error, Result};
 #[cfg(feature = "testkit")]
 #[doc(no_inline)]
 pub use testkit::FaultyPublisher;
-pub use wake::wake_relays;
-
-pub use text::{one_line, redact_secrets, redact_url, split_credentials, truncate};
 pub use tokio_util::sync::CancellationToken;

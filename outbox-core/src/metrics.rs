@@ -196,7 +196,7 @@ pub(crate) fn publish_latency(event: &crate::OutboxEvent, confirmed_at: chrono::
 }
 
 /// A stats sample, as gauges.
-pub(crate) fn stats_sample(stats: &crate::OutboxStats) {
+pub(crate) fn stats_sample(stats: &crate::store::OutboxStats) {
     #[cfg(feature = "metrics")]
     {
         use ::metrics::gauge;

@@ -33,7 +33,7 @@ pub struct RelayPass {
 /// Moves committed outbox rows to a broker.
 ///
 /// ```no_run
-/// # async fn demo<S: outbox_runtime::OutboxStore, P: outbox_runtime::Publisher>(store: S, publisher: P) -> outbox_runtime::Result<()> {
+/// # async fn demo<S: outbox_runtime::store::OutboxStore, P: outbox_runtime::Publisher>(store: S, publisher: P) -> outbox_runtime::Result<()> {
 /// use outbox_runtime::{Relay, RelayConfig};
 /// let relay = Relay::new(store, publisher, RelayConfig::default().with_batch_size(500))?;
 /// let shutdown = tokio_util::sync::CancellationToken::new();

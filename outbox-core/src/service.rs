@@ -2,7 +2,8 @@
 //! health figures and a shutdown that leaves nothing claimed.
 //!
 //! ```no_run
-//! # async fn demo<S: outbox_runtime::OutboxStore + 'static, P: outbox_runtime::Publisher + 'static>(store: S, publisher: P) -> outbox_runtime::Result<()> {
+//! # use outbox_runtime::store::{MaintenanceStore, OutboxStore};
+//! # async fn demo<S: OutboxStore + MaintenanceStore + 'static, P: outbox_runtime::Publisher + 'static>(store: S, publisher: P) -> outbox_runtime::Result<()> {
 //! use std::time::Duration;
 //! use outbox_runtime::{CleanupConfig, OutboxService, RelayConfig};
 //!
@@ -21,12 +22,12 @@
 //!   (the store is down) backs off exponentially up to [`ServiceConfig::error_backoff`]'s cap instead of
 //!   retrying every poll, and counts towards [`Health::consecutive_failures`].
 //! - one cleanup task: every [`CleanupConfig::interval`], under the store's database lock
-//!   ([`OutboxStore::try_lock`]) so that of N replicas one deletes, it removes published outbox rows older
+//!   ([`MaintenanceStore::try_lock`]) so that of N replicas one deletes, it removes published outbox rows older
 //!   than the outbox retention (in CDC mode, [`CleanupConfig::delete_unpublished_after`], also unpublished
 //!   rows by age) and, when an inbox retention is set, inbox rows older than that, in batches of separate
 //!   statements. It shares nothing with the relay tasks, so a long cleanup never delays a
 //!   publish.
-//! - one stats sampler: [`OutboxStore::stats`] every [`ServiceConfig::stats_interval`], for
+//! - one stats sampler: [`MaintenanceStore::stats`] every [`ServiceConfig::stats_interval`], for
 //!   [`Health::stats`] (the oldest pending event's age is what to alert on).
 //! - the tasks given to [`OutboxServiceBuilder::with_task`], e.g. a LISTEN/NOTIFY wake-up source, with the
 //!   service's shutdown token.
@@ -49,7 +50,7 @@ use crate::config::{Backoff, DEFAULT_ERROR_BACKOFF, RelayConfig};
 use crate::error::{Error, Result};
 use crate::publisher::Publisher;
 use crate::relay::{PassReport, Relay, run_loop};
-use crate::store::{OutboxStats, OutboxStore};
+use crate::store::{MaintenanceStore, OutboxStats, OutboxStore};
 
 /// The name of the database lock the cleanup takes.
 pub const CLEANUP_LOCK: &str = "outbox_cleanup";
@@ -278,7 +279,7 @@ pub struct OutboxServiceBuilder<S, P> {
 
 type ExtraTask = Box<dyn FnOnce(CancellationToken) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
-impl<S: OutboxStore + 'static, P: Publisher + 'static> OutboxServiceBuilder<S, P> {
+impl<S: OutboxStore + MaintenanceStore + 'static, P: Publisher + 'static> OutboxServiceBuilder<S, P> {
     /// Replaces every setting.
     pub fn config(mut self, config: ServiceConfig) -> Self {
         self.config = config;
@@ -401,7 +402,7 @@ impl std::fmt::Debug for OutboxService {
 
 impl OutboxService {
     /// A builder over `store` and `publisher` with [`ServiceConfig::default`].
-    pub fn builder<S: OutboxStore + 'static, P: Publisher + 'static>(
+    pub fn builder<S: OutboxStore + MaintenanceStore + 'static, P: Publisher + 'static>(
         store: S,
         publisher: P,
     ) -> OutboxServiceBuilder<S, P> {
@@ -435,7 +436,7 @@ impl Drop for OutboxService {
     }
 }
 
-async fn cleanup_loop<S: OutboxStore>(
+async fn cleanup_loop<S: MaintenanceStore>(
     store: Arc<S>,
     config: CleanupConfig,
     shutdown: CancellationToken,
@@ -474,7 +475,7 @@ async fn cleanup_loop<S: OutboxStore>(
 }
 
 /// One cleanup under the database lock; `None` when another process holds it.
-async fn cleanup_once<S: OutboxStore>(store: &S, config: &CleanupConfig) -> Result<Option<(u64, u64)>> {
+async fn cleanup_once<S: MaintenanceStore>(store: &S, config: &CleanupConfig) -> Result<Option<(u64, u64)>> {
     let Some(lock) = store.try_lock(CLEANUP_LOCK).await? else { return Ok(None) };
     let now = Utc::now();
     let outbox = match config.delete_unpublished_after {
@@ -496,7 +497,7 @@ async fn cleanup_once<S: OutboxStore>(store: &S, config: &CleanupConfig) -> Resu
     Ok(Some((outbox, inbox)))
 }
 
-async fn sample_loop<S: OutboxStore>(
+async fn sample_loop<S: MaintenanceStore>(
     store: Arc<S>,
     interval: Duration,
     shutdown: CancellationToken,

@@ -1,4 +1,7 @@
-//! The contract between the relay and a database: claim due rows, then record each outcome.
+//! What a database must provide to hold the outbox, in two halves: [`OutboxStore`] for the relay (claim
+//! due rows, then record each outcome) and [`MaintenanceStore`] for the tasks of
+//! [`OutboxService`](crate::OutboxService) beside it (backlog figures, cleanup, a database-wide lock).
+//! `outbox-seaorm`'s `SeaOrmStore` implements both.
 
 use std::fmt;
 use std::future::Future;
@@ -104,7 +107,8 @@ pub struct OutboxStats {
     pub max_attempts: i32,
 }
 
-/// A database that holds the outbox.
+/// What the relay needs of a database: claim due rows as runs, then record each outcome
+/// ([`ClaimedBatch::complete`]).
 pub trait OutboxStore: Send + Sync {
     /// The claim handed back by [`OutboxStore::claim`].
     type Batch: ClaimedBatch;
@@ -120,7 +124,12 @@ pub trait OutboxStore: Send + Sync {
     fn claims_block_writers(&self) -> bool {
         false
     }
+}
 
+/// What the maintenance tasks of [`OutboxService`](crate::OutboxService) need of a database: backlog
+/// figures for the stats sampler, and cleanup under a database-wide lock. Replaying dead rows is an
+/// operator's act, not a task: `outbox_seaorm::admin::replay_dead`.
+pub trait MaintenanceStore: Send + Sync {
     /// Current backlog figures.
     fn stats(&self, now: DateTime<Utc>) -> impl Future<Output = Result<OutboxStats>> + Send;
 
@@ -144,9 +153,6 @@ pub trait OutboxStore: Send + Sync {
             ))
         }
     }
-
-    /// Makes dead rows due again with a fresh attempt count; returns how many.
-    fn replay_dead(&self, now: DateTime<Utc>) -> impl Future<Output = Result<u64>> + Send;
 
     /// Deletes inbox rows (consumers' de-duplication records) processed before `now - retention`, at most
     /// `batch` rows per statement; returns how many. The default deletes nothing: a store without an inbox.
@@ -174,7 +180,7 @@ pub trait OutboxStore: Send + Sync {
 
 type Release = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<()>> + Send>> + Send>;
 
-/// A database-wide lock held by this process (see [`OutboxStore::try_lock`]).
+/// A database-wide lock held by this process (see [`MaintenanceStore::try_lock`]).
 ///
 /// [`StoreLock::release`] lets it go and reports errors. Dropping it also lets it go: the store's release
 /// closure owns whatever holds the lock (a connection that closes when dropped), so a panic or a cancelled
@@ -216,8 +222,8 @@ impl StoreLock {
     }
 }
 
-/// A shared store is a store: the relay tasks, the cleanup and the stats sampler of one
-/// [`OutboxService`](crate::OutboxService) hold one store through an `Arc`.
+/// A shared store is a store: the relay tasks of one [`OutboxService`](crate::OutboxService) share one
+/// store through an `Arc` (its maintenance tasks call the store behind it).
 impl<S: OutboxStore> OutboxStore for Arc<S> {
     type Batch = S::Batch;
 
@@ -227,39 +233,5 @@ impl<S: OutboxStore> OutboxStore for Arc<S> {
 
     fn claims_block_writers(&self) -> bool {
         (**self).claims_block_writers()
-    }
-
-    fn stats(&self, now: DateTime<Utc>) -> impl Future<Output = Result<OutboxStats>> + Send {
-        (**self).stats(now)
-    }
-
-    fn cleanup(&self, now: DateTime<Utc>, retention: Duration, batch: u32) -> impl Future<Output = Result<u64>> + Send {
-        (**self).cleanup(now, retention, batch)
-    }
-
-    fn replay_dead(&self, now: DateTime<Utc>) -> impl Future<Output = Result<u64>> + Send {
-        (**self).replay_dead(now)
-    }
-
-    fn cleanup_unpublished(
-        &self,
-        now: DateTime<Utc>,
-        age: Duration,
-        batch: u32,
-    ) -> impl Future<Output = Result<u64>> + Send {
-        (**self).cleanup_unpublished(now, age, batch)
-    }
-
-    fn cleanup_inbox(
-        &self,
-        now: DateTime<Utc>,
-        retention: Duration,
-        batch: u32,
-    ) -> impl Future<Output = Result<u64>> + Send {
-        (**self).cleanup_inbox(now, retention, batch)
-    }
-
-    fn try_lock(&self, name: &'static str) -> impl Future<Output = Result<Option<StoreLock>>> + Send {
-        (**self).try_lock(name)
     }
 }

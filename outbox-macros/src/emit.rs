@@ -41,6 +41,9 @@ pub struct Names {
     /// The method's error type, where a failed `emit!` converts its `DbErr` (so that a missing
     /// `From<DbErr>` is reported there, once, like the begin and commit around the body).
     pub error_span: Span,
+    /// The error type, when the return type spells it (`Result<T, E>`): a failed `emit!` then keeps the
+    /// outbox's typed error if `E: From<outbox_seaorm::Error>`. `None` for an alias such as `Result<T>`.
+    pub error_type: Option<syn::Type>,
 }
 
 impl Names {
@@ -201,7 +204,14 @@ impl Rewriter<'_> {
         };
         let error_span = self.names.error_span;
         let at_error = self.names.private_at(error_span);
-        let absorb = quote_spanned! {error_span=> #at_error::AbsorbsDbErr::absorb(error) };
+        let absorb = match &self.names.error_type {
+            Some(error_type) => quote_spanned! {error_span=> {
+                #[allow(unused_imports)]
+                use #at_error::{ViaDbErr as _, ViaNothing as _, ViaOutboxError as _};
+                (&&&#at_error::Absorb::<#error_type>::new()).absorb(error)
+            }},
+            None => quote_spanned! {error_span=> #at_error::AbsorbsDbErr::absorb(#at_error::db_err(error)) },
+        };
         quote_spanned! {span=>
             if let ::std::result::Result::Err(error) = #recorded {
                 return ::std::result::Result::Err(#absorb);

@@ -57,14 +57,20 @@ struct Context {
 }
 
 impl Context {
-    /// The names generated code shares; `error_span` is the method's error type.
-    fn names(&self, error_span: Span) -> Names {
+    /// The names generated code shares; `error_span` is where the method's error type is written, and
+    /// `error_type` that type when the return type spells it.
+    fn names(&self, error_span: Span, error_type: Option<syn::Type>) -> Names {
         let seaorm = &self.seaorm;
-        Names { unit: Ident::new("__outbox_unit", Span::mixed_site()), private: quote!(#seaorm::__private), error_span }
+        Names {
+            unit: Ident::new("__outbox_unit", Span::mixed_site()),
+            private: quote!(#seaorm::__private),
+            error_span,
+            error_type,
+        }
     }
 
     fn neutralise(&self, block: &mut Block) {
-        emit::rewrite(block, Mode::Neutralise, &self.names(Span::call_site()), &self.crate_names);
+        emit::rewrite(block, Mode::Neutralise, &self.names(Span::call_site(), None), &self.crate_names);
     }
 }
 
@@ -247,7 +253,8 @@ fn rewrite(sig: &mut Signature, block: &mut Block, cx: &Context, read_only: bool
         ReturnType::Type(_, ty) => result_types(&sig.output).map_or_else(|| ty.span(), |(_, err)| err.span()),
         ReturnType::Default => Span::call_site(),
     };
-    let names = cx.names(error_span);
+    let error_type = result_types(&sig.output).map(|(_, error)| error.clone());
+    let names = cx.names(error_span, error_type);
     let mut body = block.clone();
     let mode = if read_only { Mode::ReadOnly(sig.ident.to_string()) } else { Mode::Rewrite };
     emit::rewrite(&mut body, mode, &names, &cx.crate_names);

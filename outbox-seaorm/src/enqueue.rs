@@ -27,7 +27,7 @@ use crate::sql::{KeyedSelect, Sql};
 /// Afterwards the relays of this process are woken ([`wake_relays`](outbox_runtime::wake_relays)). Through a
 /// plain connection the row is committed by then, and an idle relay publishes it at once. Inside your
 /// transaction the row is not committed yet, so that signal comes early (the relay finds nothing and goes
-/// back to its poll): call [`notify_committed`] after your `commit()` for the same immediacy.
+/// back to its poll): call [`wake_relays`](crate::wake_relays) after your `commit()` for the same immediacy.
 /// `#[transactional_outbox]` does that for you. Either way the relay's poll still finds every row.
 pub async fn enqueue<C: ConnectionTrait + TransactionTrait>(conn: &C, event: &NewEvent) -> Result<EventId> {
     enqueue_all(conn, std::slice::from_ref(event)).await?;
@@ -69,24 +69,6 @@ pub async fn enqueue_all<C: ConnectionTrait + TransactionTrait>(conn: &C, events
         outbox_runtime::wake_relays();
     }
     Ok(events.iter().map(NewEvent::id).collect())
-}
-
-/// Tells the relays of this process that outbox rows have just committed, so an idle relay publishes them
-/// now rather than at its next poll. Call it after committing a transaction you passed to [`enqueue`] or
-/// [`enqueue_all`]; calling it needlessly costs one empty relay pass.
-///
-/// ```no_run
-/// # async fn demo(db: &sea_orm::DatabaseConnection, event: &outbox_seaorm::NewEvent) -> Result<(), Box<dyn std::error::Error>> {
-/// use sea_orm::TransactionTrait;
-/// let txn = db.begin().await?;
-/// // … the business change …
-/// outbox_seaorm::enqueue(&txn, event).await?;
-/// txn.commit().await?;
-/// outbox_seaorm::notify_committed();
-/// # Ok(()) }
-/// ```
-pub fn notify_committed() {
-    outbox_runtime::wake_relays();
 }
 
 /// One chunk, ready to bind: each event with its 1-based position among this chunk's events of its

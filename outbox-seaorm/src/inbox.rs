@@ -5,8 +5,9 @@ use std::collections::{HashMap, HashSet};
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, Statement};
 
+use outbox_runtime::InboxOutcome;
 use outbox_runtime::consume::{GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
-use outbox_runtime::{InboxOutcome, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
+use outbox_runtime::limits::{MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 use sea_orm::DatabaseConnection;
 
 use crate::OutboxConnection;
@@ -42,8 +43,8 @@ where
     C: OutboxConnection + ?Sized,
     F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
 {
-    outbox_runtime::check_name("consumer", consumer, MAX_CONSUMER_LEN)?;
-    outbox_runtime::check_name("message_id", message_id, MAX_MESSAGE_ID_LEN)?;
+    outbox_runtime::__support::check_name("consumer", consumer, MAX_CONSUMER_LEN)?;
+    outbox_runtime::__support::check_name("message_id", message_id, MAX_MESSAGE_ID_LEN)?;
     let backend = db.get_database_backend();
     let unit = Unit::begin(db).await.map_err(|e| store_error("begin", "inbox_messages", backend, e))?;
     // Inside a group commit, the group may have written this row already (one statement for the group).
@@ -262,8 +263,8 @@ async fn record_ahead(txn: &DatabaseTransaction, keys: &GroupKeys) -> Result<Opt
     let mut ids: Vec<&str> = keys.message_ids.iter().map(String::as_str).collect();
     ids.sort_unstable();
     ids.dedup();
-    ids.retain(|id| outbox_runtime::check_name("message_id", id, MAX_MESSAGE_ID_LEN).is_ok());
-    if ids.is_empty() || outbox_runtime::check_name("consumer", consumer, MAX_CONSUMER_LEN).is_err() {
+    ids.retain(|id| outbox_runtime::__support::check_name("message_id", id, MAX_MESSAGE_ID_LEN).is_ok());
+    if ids.is_empty() || outbox_runtime::__support::check_name("consumer", consumer, MAX_CONSUMER_LEN).is_err() {
         return Ok(Some(RecordedAhead::default()));
     }
     let backend = txn.get_database_backend();

@@ -96,7 +96,7 @@ mod lock;
 pub mod migration;
 pub mod notify;
 mod sql;
-mod store;
+pub mod store;
 mod transaction;
 pub mod watch;
 
@@ -107,7 +107,7 @@ pub mod __private;
 
 pub use connect::{DEFAULT_CONNECT_TIMEOUT, SUPPORTED_SCHEMES, connect, connect_with};
 pub use connection::OutboxConnection;
-pub use enqueue::{enqueue, enqueue_all, notify_committed};
+pub use enqueue::{enqueue, enqueue_all};
 pub use error::InboxError;
 pub use inbox::{SeaOrmGroupCommit, handle_once};
 #[cfg(feature = "migrations")]
@@ -117,25 +117,19 @@ pub use transaction::transaction;
 
 pub use outbox_macros::{idempotent_handler, transactional_outbox};
 
-// What the runtime provides, named one by one (the runtime's own root has more: its store-side helpers).
+// What the runtime provides, named one by one.
 #[cfg(feature = "schemars")]
 #[cfg_attr(docsrs, doc(cfg(feature = "schemars")))]
 pub use outbox_runtime::event_json_schema;
-/// `postgres://user:secret@host/db` → `postgres://***@host/db`, for logging a connection string.
-pub use outbox_runtime::redact_url;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub use outbox_runtime::testkit;
 #[doc(hidden)]
-pub use outbox_runtime::{__derive, one_line};
+pub use outbox_runtime::{__derive, __support};
 /// Publishing: the relay, its settings, and the service that runs it with cleanup and health.
 pub use outbox_runtime::{
     Backoff, CancellationToken, ClaimMode, CleanupConfig, DeadLetterPolicy, Health, OutboxService,
-    OutboxServiceBuilder, Relay, RelayConfig, RelayPass, ServiceConfig,
-};
-/// What a store provides to the relay (implemented here by [`SeaOrmStore`]); for tests and other stores.
-pub use outbox_runtime::{
-    BatchOutcome, ClaimRequest, ClaimedBatch, Failure, MarkReport, OutboxStats, OutboxStore, StoreLock,
+    OutboxServiceBuilder, Relay, RelayConfig, RelayPass, ServiceConfig, wake_relays,
 };
 /// Errors.
 pub use outbox_runtime::{BoxError, Error, Result};
@@ -145,18 +139,14 @@ pub use outbox_runtime::{Consumer, ConsumerConfig, ConsumerStats, Handled, Inbox
 pub use outbox_runtime::{Destination, InMemoryPublisher, PublishError, Publisher};
 /// Events: declare them (`#[derive(DomainEvent)]`), write them, read them back.
 pub use outbox_runtime::{DomainEvent, EventId, Headers, NewEvent, OutboxEvent, PayloadSchema, verify_events_lock_all};
-/// The runtime's modules: broker adapters and their message format, the consume side, metric names, the
-/// W3C trace context, the test kit.
-pub use outbox_runtime::{broker, brokers, consume, metrics, trace_context};
+/// The runtime's modules: broker adapters and their message format, the consume side, the bounds on
+/// input, metric names, the W3C trace context. (`store` is this crate's: the runtime's store contract and
+/// its implementation here.)
+pub use outbox_runtime::{broker, brokers, consume, limits, metrics, trace_context};
 
-/// The bounds on what the outbox accepts: longer names and bigger payloads are refused with an error
-/// naming the bound.
-pub mod limits {
-    pub use outbox_runtime::{
-        DEFAULT_MAX_PAYLOAD_BYTES, MAX_AGGREGATE_ID_LEN, MAX_AGGREGATE_TYPE_LEN, MAX_BACKOFF, MAX_CONSUMER_LEN,
-        MAX_EVENT_TYPE_LEN, MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_LEASE, MAX_MESSAGE_ID_LEN,
-        MAX_RELAY_INTERVAL,
-    };
+/// `postgres://user:secret@host/db` → `postgres://***@host/db`: a connection string fit for a log line.
+pub fn redact_url(url: &str) -> String {
+    outbox_runtime::__support::redact_url(url)
 }
 
 /// Writes an event into the transaction of the enclosing `#[transactional_outbox]` method.

@@ -10,7 +10,7 @@
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 
-use outbox_runtime::StoreLock;
+use outbox_runtime::store::StoreLock;
 
 /// Tries to take the lock `name` without waiting; `None` when another session holds it.
 pub(crate) async fn try_lock(db: &DatabaseConnection, name: &str) -> Result<Option<StoreLock>, DbErr> {

@@ -1,5 +1,7 @@
 //! Support for the generated code of `outbox-macros`; not a public API.
 
+use std::marker::PhantomData;
+
 pub use outbox_runtime::{DomainEvent, EventSchema, FieldSchema, InboxOutcome, OutboxEvent};
 pub use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 pub use serde_json;
@@ -110,9 +112,9 @@ impl<T: AsConnection + ?Sized> AsConnection for Box<T> {
 /// Records one emitted event; the payload is serialised and checked now, so a bad event fails at its
 /// `emit!`. All of a business transaction's events are written together before its commit, in one round
 /// trip per 1000 events.
-pub fn emit<E: DomainEvent>(unit: &Unit, event: &E) -> Result<(), DbErr> {
+pub fn emit<E: DomainEvent>(unit: &Unit, event: &E) -> Result<(), outbox_runtime::Error> {
     // The trace context of the `emit!` itself (with the `opentelemetry` feature).
-    unit.push(outbox_runtime::trace_context::with_current(event.to_new_event().map_err(into_db_err)?));
+    unit.push(outbox_runtime::trace_context::with_current(event.to_new_event()?));
     Ok(())
 }
 
@@ -122,18 +124,74 @@ pub fn emit_with_headers<E, K, V>(
     unit: &Unit,
     event: &E,
     headers: impl IntoIterator<Item = (K, V)>,
-) -> Result<(), DbErr>
+) -> Result<(), outbox_runtime::Error>
 where
     E: DomainEvent,
     K: Into<String>,
     V: Into<String>,
 {
-    let mut new_event = event.to_new_event().map_err(into_db_err)?;
+    let mut new_event = event.to_new_event()?;
     for (name, value) in headers {
-        new_event = new_event.with_header(name, value).map_err(into_db_err)?;
+        new_event = new_event.with_header(name, value)?;
     }
     unit.push(outbox_runtime::trace_context::with_current(new_event));
     Ok(())
+}
+
+/// A failed `emit!` as the method's error `E`, chosen by autoref (`(&&&Absorb::<E>::new()).absorb(error)`):
+/// kept typed when `E: From<outbox_seaorm::Error>` ([`ViaOutboxError`]), else as a database error
+/// ([`ViaDbErr`]: `DbErr::Custom` with its text).
+pub struct Absorb<E>(PhantomData<E>);
+
+impl<E> Absorb<E> {
+    /// The chooser for `E`.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        Absorb(PhantomData)
+    }
+}
+
+/// `E` takes the outbox's own error: a bad event stays an [`outbox_runtime::Error`] the caller can match.
+pub trait ViaOutboxError<E> {
+    /// Converts the error.
+    fn absorb(&self, error: outbox_runtime::Error) -> E;
+}
+
+impl<E: From<outbox_runtime::Error>> ViaOutboxError<E> for &&Absorb<E> {
+    fn absorb(&self, error: outbox_runtime::Error) -> E {
+        E::from(error)
+    }
+}
+
+/// `E` takes database errors only: the error's text in a `DbErr::Custom`.
+pub trait ViaDbErr<E> {
+    /// Converts the error.
+    fn absorb(&self, error: outbox_runtime::Error) -> E;
+}
+
+impl<E: AbsorbsDbErr> ViaDbErr<E> for &Absorb<E> {
+    fn absorb(&self, error: outbox_runtime::Error) -> E {
+        E::absorb(into_db_err(error))
+    }
+}
+
+/// `E` takes neither: `begin` and `finish` report that (once, at the error type), so no program with this
+/// candidate compiles; it only keeps the `emit!` from adding a second error.
+pub trait ViaNothing<E> {
+    /// Never runs (see the trait).
+    fn absorb(&self, error: outbox_runtime::Error) -> E;
+}
+
+impl<E> ViaNothing<E> for Absorb<E> {
+    fn absorb(&self, error: outbox_runtime::Error) -> E {
+        unreachable!("an error type without From<DbErr> is refused at compile time: {error}")
+    }
+}
+
+/// A failed `emit!` as a database error, for a method whose error type the macro cannot read (an alias such
+/// as `Result<T>`).
+pub fn db_err(error: outbox_runtime::Error) -> DbErr {
+    into_db_err(error)
 }
 
 /// The event as a trait object-free reference; its bound is what reports a non-event at the user's

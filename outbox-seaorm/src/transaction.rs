@@ -220,7 +220,7 @@ impl Frame {
                 if !events.is_empty() {
                     // An idle relay of this process publishes at once instead of at its next poll (for a
                     // savepoint of a transaction begun elsewhere, that transaction's commit is still to come).
-                    crate::notify_committed();
+                    outbox_runtime::wake_relays();
                 }
             }
         }

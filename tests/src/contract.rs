@@ -1,6 +1,8 @@
 //! The broker contract suite: the same test bodies against a [`Fixture`] per broker (NATS JetStream,
 //! Kafka, RabbitMQ, Redis Streams). Each body drives the real relay and the real consume driver
-//! ([`Consumer::run`]) and counts rows in the database and messages at the broker.
+//! ([`Consumer::run`]) and counts rows in the database and messages at the broker: the consumer's cases
+//! (exactly once, order, poison, replay, lost acks, outage) and the publisher's (lost acks, refused input,
+//! bad URLs, outage).
 //!
 //! A broker's test file implements [`Fixture`] and expands [`contract_suite!`](crate::contract_suite),
 //! which generates one `#[tokio::test]` per case.
@@ -49,14 +51,54 @@ pub trait Fixture: Send + Sync + Sized + 'static {
     fn dead_letters(&self, group: &str) -> impl Future<Output = Vec<RawMessage>> + Send;
     /// Moves the dead letters of `group` back to their origin with the adapter's replay API; how many.
     fn replay(&self, group: &str) -> impl Future<Output = u64> + Send;
-    /// Makes the broker unreachable for `group`'s transports for about `outage`, then reachable again, as
-    /// a broker restart would (a proxy cut, or a real restart where the broker is cheap to restart).
-    /// `None` when this fixture cannot: the case is then skipped with a printed reason.
-    fn interrupt(&self, outage: Duration) -> impl Future<Output = Option<()>> + Send;
-    /// A transport of `group` that [`interrupt`](Fixture::interrupt) affects.
+    /// Makes the broker unreachable for the interruptible clients (a proxy cut: their connections drop and
+    /// new ones are refused) until [`restore`](Fixture::restore); `false` when this fixture cannot, and the
+    /// case then says so.
+    fn cut(&self) -> impl Future<Output = bool> + Send;
+    /// Ends a [`cut`](Fixture::cut).
+    fn restore(&self) -> impl Future<Output = ()> + Send;
+    /// A cut of about `outage`, as a broker restart would make; `None` when this fixture cannot cut.
+    fn interrupt(&self, outage: Duration) -> impl Future<Output = Option<()>> + Send {
+        async move {
+            if !self.cut().await {
+                return None;
+            }
+            tokio::time::sleep(outage).await;
+            self.restore().await;
+            Some(())
+        }
+    }
+    /// A transport of `group` that [`cut`](Fixture::cut) affects.
     fn interruptible_transport(&self, group: &str) -> impl Future<Output = Self::Transport> + Send;
     /// Deletes what [`setup`](Fixture::setup) created.
     fn teardown(self) -> impl Future<Output = ()> + Send;
+
+    // The publisher side.
+
+    /// A publisher to this test's destinations that [`cut`](Fixture::cut) affects.
+    fn interruptible_publisher(&self) -> impl Future<Output = Self::Publisher> + Send;
+    /// Messages at the broker where this test's transports read (dead letters not counted).
+    fn message_count(&self) -> impl Future<Output = u64> + Send;
+    /// A publisher that sends a [`Counted`] event to where this test's transports read, and the events it
+    /// must refuse for good (each with a fragment of the error it must record): one whose rendered
+    /// destination the broker cannot take, and one too big for it where the adapter has a size bound.
+    fn refusing_publisher(&self) -> impl Future<Output = (Self::Publisher, Vec<Refused>)> + Send;
+    /// URLs the adapter must refuse as configuration errors before connecting, each with a fragment of the
+    /// error; one of them carries the password `secret`, which no error may show.
+    const BAD_URLS: &'static [(&'static str, &'static str)];
+    /// A well-formed URL with the password `secret` where nothing listens: connecting is a broker error
+    /// that does not show the password. `None` where the client connects lazily (Kafka).
+    const UNREACHABLE_URL: Option<&'static str>;
+    /// Connects a publisher to `url` (to any destination).
+    fn connect_publisher(url: &str) -> impl Future<Output = outbox_seaorm::Result<()>> + Send;
+}
+
+/// An event a publisher must refuse for good, and a fragment of the error it must record.
+pub struct Refused {
+    /// The event.
+    pub event: NewEvent,
+    /// Part of the `last_error` its dead row must carry.
+    pub error: &'static str,
 }
 
 /// The event every case sends, at schema version 2.
@@ -284,17 +326,27 @@ pub async fn eventually(limit: Duration, what: &str, mut check: impl AsyncFnMut(
 
 /// Relays every committed event of `t` to the fixture's publisher.
 pub async fn relay_all<F: Fixture>(t: &TestDb, fixture: &F, expected: u64) {
-    let relay = outbox_seaorm::Relay::new(
-        outbox_seaorm::SeaOrmStore::new(t.db.clone()),
-        fixture.publisher(),
-        RelayConfig::default().with_batch_size(200),
-    )
-    .expect("relay");
+    relay_until_published(t, fixture.publisher(), expected).await;
+}
+
+/// Settings of the suite's relays: short backoff, so a retried publish comes back within the case's time.
+pub fn relay_config() -> RelayConfig {
+    RelayConfig::default().with_batch_size(200).with_backoff(Backoff {
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(200),
+        multiplier: 2,
+    })
+}
+
+/// Runs relay passes through `publisher` until `expected` rows of `t` are published.
+pub async fn relay_until_published<P: Publisher + 'static>(t: &TestDb, publisher: P, expected: u64) {
+    let relay = outbox_seaorm::Relay::new(outbox_seaorm::SeaOrmStore::new(t.db.clone()), publisher, relay_config())
+        .expect("relay");
     let mut published = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while published < expected {
-        assert!(Instant::now() < deadline, "{}: relayed {published} of {expected} within 60 s", F::NAME);
-        let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{}: relay pass: {e}", F::NAME));
+        assert!(Instant::now() < deadline, "{t}: relayed {published} of {expected} within 60 s");
+        let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: relay pass: {e}"));
         published += pass.published;
         if pass.claimed == 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -338,14 +390,6 @@ impl<T: Transport> Transport for LosingAcks<T> {
 
     async fn dead_letter(&self, delivery: &Delivery<T::Receipt>, letter: &DeadLetter) -> outbox_seaorm::Result<()> {
         self.0.dead_letter(delivery, letter).await
-    }
-
-    fn keep_alive_every(&self) -> Option<Duration> {
-        self.0.keep_alive_every()
-    }
-
-    async fn keep_alive(&self, receipt: &T::Receipt) -> outbox_seaorm::Result<()> {
-        self.0.keep_alive(receipt).await
     }
 }
 
@@ -586,22 +630,133 @@ pub mod cases {
         fx.teardown().await;
     }
 
+    /// The broker stored an event but its acknowledgement was lost: the relay publishes it again, and the
+    /// consumer's inbox applies each event once (NATS's msg-id window keeps one copy at the broker; the
+    /// other brokers keep two, and the inbox absorbs the second).
+    pub async fn publisher_lost_ack_is_absorbed<F: Fixture>() {
+        let Some((t, fx)) = begin::<F>("pub_lost_ack").await else { return };
+        enqueue(&t, &counted_events(4, 5)).await;
+        let publisher = outbox_seaorm::testkit::FaultyPublisher::new(fx.publisher());
+        publisher.lose_acks(5);
+        relay_until_published(&t, publisher, 20).await;
+        let stored = fx.message_count().await;
+        assert!((20..=25).contains(&stored), "{}: {stored} messages for 20 events, 5 acks lost", F::NAME);
+        let (consumer, applied) = counting_consumer(&t, "pl", fast_config(), |_, _| false);
+        let running = Running::start(consumer, fx.transport("pl").await);
+        eventually(Duration::from_secs(60), "every stored message handled", async || {
+            let stats = running.stats();
+            stats.processed + stats.duplicates == stored
+        })
+        .await;
+        let stats = running.stop().await;
+        assert_eq!((stats.processed, stats.duplicates), (20, stored - 20), "{}: {stats:?}", F::NAME);
+        assert_eq!(effects(&t, "pl").await.len(), 20, "{}: each effect once", F::NAME);
+        applied.assert_in_order(F::NAME);
+        fx.teardown().await;
+    }
+
+    /// What the broker can never take (a destination it refuses, a message over its size bound) is a dead
+    /// row with a clear error at once, and the rest of the batch is published.
+    pub async fn publisher_refuses_bad_input_as_dead_rows<F: Fixture>() {
+        let Some((t, fx)) = begin::<F>("pub_refused").await else { return };
+        let (publisher, refused) = fx.refusing_publisher().await;
+        let fine = Counted { item: "it0".into(), n: 0 }.to_new_event().expect("event");
+        let mut events: Vec<NewEvent> = refused.iter().map(|r| r.event.clone()).collect();
+        events.push(fine.clone());
+        enqueue(&t, &events).await;
+        let relay = outbox_seaorm::Relay::new(outbox_seaorm::SeaOrmStore::new(t.db.clone()), publisher, relay_config())
+            .expect("relay");
+        let pass =
+            relay.run_once().await.unwrap_or_else(|e| panic!("{}: a refused event is no relay error: {e}", F::NAME));
+        let dead = refused.len() as u64;
+        assert_eq!((pass.claimed, pass.published, pass.dead), (dead + 1, 1, dead), "{}: {pass:?}", F::NAME);
+        for Refused { event, error } in &refused {
+            let row = crate::outbox_row(&t, event.id()).await;
+            assert!(row.dead_at_ms.is_some() && row.attempts == 1, "{}: {} is dead at once", F::NAME, row.aggregate_id);
+            let last_error = row.last_error.unwrap_or_default();
+            assert!(last_error.contains(error), "{}: last_error {last_error:?} lacks {error:?}", F::NAME);
+        }
+        assert!(crate::outbox_row(&t, fine.id()).await.published_at_ms.is_some(), "{}: the valid event", F::NAME);
+        assert_eq!(fx.message_count().await, 1, "{}: only the valid event reached the broker", F::NAME);
+        fx.teardown().await;
+    }
+
+    /// A URL that cannot work is a configuration error before anything connects, a broker that does not
+    /// answer is a broker error, and neither shows a password.
+    pub async fn publisher_refuses_bad_urls<F: Fixture>() {
+        let Some((_, fx)) = begin::<F>("pub_bad_url").await else { return };
+        let mut secret_seen = false;
+        for (url, fragment) in F::BAD_URLS {
+            let error = F::connect_publisher(url).await.expect_err(url);
+            assert!(matches!(error, outbox_seaorm::Error::InvalidConfig { .. }), "{}: {url}: {error}", F::NAME);
+            let text = error.to_string();
+            assert!(text.contains(fragment), "{}: {url}: {text:?} lacks {fragment:?}", F::NAME);
+            assert!(!text.contains("secret"), "{}: {url}: the password shows: {text}", F::NAME);
+            secret_seen |= url.contains("secret");
+        }
+        assert!(secret_seen, "{}: one bad URL carries a password", F::NAME);
+        if let Some(url) = F::UNREACHABLE_URL {
+            let error = F::connect_publisher(url).await.expect_err(url);
+            assert!(matches!(error, outbox_seaorm::Error::Broker { .. }), "{}: {url}: {error}", F::NAME);
+            assert!(!error.to_string().contains("secret"), "{}: the password shows: {error}", F::NAME);
+        }
+        fx.teardown().await;
+    }
+
+    /// The broker goes away while the relay publishes: the failed publishes leave their rows pending (none
+    /// marked published, none dead), the publisher reconnects when the broker is back, the backlog drains,
+    /// and every event is applied once, in order.
+    pub async fn publisher_outage_loses_nothing<F: Fixture>() {
+        let Some((t, fx)) = begin::<F>("pub_outage").await else { return };
+        let events = counted_events(10, 10);
+        enqueue(&t, &events[..10]).await;
+        let store = outbox_seaorm::SeaOrmStore::new(t.db.clone());
+        let relay =
+            outbox_seaorm::Relay::new(store, fx.interruptible_publisher().await, relay_config()).expect("relay");
+        let first = relay.run_once().await.unwrap_or_else(|e| panic!("{}: first pass: {e}", F::NAME));
+        assert_eq!(first.published, 10, "{}: {first:?}", F::NAME);
+        enqueue(&t, &events[10..]).await;
+        let backlog = async || {
+            let stats = outbox_seaorm::admin::stats(&t.db).await.unwrap_or_else(|e| panic!("{t}: stats: {e}"));
+            (stats.totals.pending, stats.totals.dead)
+        };
+        if fx.cut().await {
+            let pass = relay
+                .run_once()
+                .await
+                .unwrap_or_else(|e| panic!("{}: a failed publish is no relay error: {e}", F::NAME));
+            assert_eq!((pass.published, pass.dead), (0, 0), "{}: nothing published or killed: {pass:?}", F::NAME);
+            assert!(pass.failed > 0, "{}: the outage was seen: {pass:?}", F::NAME);
+            assert_eq!(backlog().await, (90, 0), "{}: every row after the cut is still pending", F::NAME);
+            fx.restore().await;
+        } else {
+            eprintln!("skipping the publisher outage of {}: the fixture cannot cut it", F::NAME);
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while backlog().await != (0, 0) {
+            if Instant::now() > deadline {
+                let dead = outbox_seaorm::admin::list_dead(&t.db, &outbox_seaorm::admin::DeadFilter::all(), 3).await;
+                let errors: Vec<_> = dead.into_iter().flatten().map(|row| row.last_error).collect();
+                panic!("{}: backlog {:?} 90 s after the outage; dead rows' errors: {errors:?}", F::NAME, backlog().await);
+            }
+            if let Err(error) = relay.run_once().await {
+                eprintln!("{}: relay pass after the outage: {error}", F::NAME);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (consumer, applied) = counting_consumer(&t, "po", fast_config(), |_, _| false);
+        let running = Running::start(consumer, fx.transport("po").await);
+        eventually(Duration::from_secs(60), "100 effects", async || effects(&t, "po").await.len() == 100).await;
+        running.stop().await;
+        let unique: HashSet<_> = effects(&t, "po").await.into_iter().collect();
+        assert_eq!(unique.len(), 100, "{}: each effect once", F::NAME);
+        applied.assert_in_order(F::NAME);
+        fx.teardown().await;
+    }
+
     fn outbox_sample() -> outbox_seaorm::OutboxEvent {
         let event = Counted { item: "it0".into(), n: 9 }.to_new_event().expect("event");
-        outbox_seaorm::OutboxEvent {
-            seq: 1,
-            aggregate_version: 1,
-            id: event.id(),
-            aggregate_type: event.aggregate_type().to_owned(),
-            aggregate_id: event.aggregate_id().to_owned(),
-            event_type: event.event_type().to_owned(),
-            schema_version: 2,
-            payload: event.payload_json().to_owned(),
-            headers: Default::default(),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-            last_error: None,
-        }
+        outbox_seaorm::testkit::outbox_event(&event, 1, 1)
     }
 }
 
@@ -618,6 +773,10 @@ macro_rules! contract_suite {
             unhandled_types_are_skipped,
             killed_between_commit_and_ack,
             broker_outage_loses_nothing,
+            publisher_lost_ack_is_absorbed,
+            publisher_refuses_bad_input_as_dead_rows,
+            publisher_refuses_bad_urls,
+            publisher_outage_loses_nothing,
         );
     };
     ($fixture:ty: $($case:ident),* $(,)?) => {

@@ -115,6 +115,18 @@ pub async fn count_inbox(t: &TestDb, consumer: &str) -> u64 {
         .unwrap_or_else(|e| panic!("{t}: count inbox rows: {e}"))
 }
 
+/// The outbox row of event `id`.
+pub async fn outbox_row(t: &TestDb, id: outbox_seaorm::EventId) -> outbox_seaorm::entity::outbox_event::Model {
+    use outbox_seaorm::entity::outbox_event;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    outbox_event::Entity::find()
+        .filter(outbox_event::Column::EventId.eq(id.to_string()))
+        .one(&t.db)
+        .await
+        .unwrap_or_else(|e| panic!("{t}: read outbox row {id}: {e}"))
+        .unwrap_or_else(|| panic!("{t}: no outbox row for {id}"))
+}
+
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }

@@ -11,7 +11,8 @@ use outbox_seaorm::limits::DEFAULT_MAX_PAYLOAD_BYTES;
 use outbox_seaorm::limits::MAX_AGGREGATE_ID_LEN;
 use outbox_seaorm::limits::MAX_AGGREGATE_TYPE_LEN;
 use outbox_seaorm::limits::MAX_EVENT_TYPE_LEN;
-use outbox_seaorm::{ClaimMode, Error, InMemoryPublisher, NewEvent, OutboxStore, Relay, RelayConfig, SeaOrmStore};
+use outbox_seaorm::store::MaintenanceStore;
+use outbox_seaorm::{ClaimMode, Error, InMemoryPublisher, NewEvent, Relay, RelayConfig, SeaOrmStore};
 use sea_orm::{ConnectionTrait, TransactionTrait};
 
 /// The app's unit of work: insert the order, build its event (which may be rejected), enqueue, commit. An

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use common::{enqueue_committed, event, fast_config, outbox_row};
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::{ClaimMode, DeadLetterPolicy, EventId, InMemoryPublisher, OutboxStore, Relay, SeaOrmStore};
+use outbox_seaorm::store::MaintenanceStore;
+use outbox_seaorm::{ClaimMode, DeadLetterPolicy, EventId, InMemoryPublisher, Relay, SeaOrmStore};
 use sea_orm::ConnectionTrait;
 
 /// Overwrites one column of event `id`'s row with `value` (SQL text), as a hand-written fix would.

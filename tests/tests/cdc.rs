@@ -9,7 +9,8 @@ use std::time::Duration;
 use common::{count_outbox, count_published, count_unpublished, enqueue_committed, event};
 use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::admin::{self, CleanupConfig, StatsMode};
-use outbox_seaorm::{InMemoryPublisher, OutboxStore, Relay, RelayConfig, SeaOrmStore};
+use outbox_seaorm::store::MaintenanceStore;
+use outbox_seaorm::{InMemoryPublisher, Relay, RelayConfig, SeaOrmStore};
 use sea_orm::ConnectionTrait;
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -61,7 +62,11 @@ async fn cdc_cleanup_deletes_old_unpublished_rows_and_never_new_ones(t: TestDb) 
     assert_eq!((count_outbox(&t).await, count_published(&t).await), (5, 0), "{t}");
 
     let stats = admin::stats_in(&t.db, StatsMode::Cdc).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-    assert_eq!((stats.mode, stats.rows, stats.pending), (StatsMode::Cdc, Some(5), 0), "{t}: no backlog: {stats:?}");
+    assert_eq!(
+        (stats.mode, stats.rows, stats.totals.pending),
+        (StatsMode::Cdc, Some(5), 0),
+        "{t}: no backlog: {stats:?}"
+    );
     assert!(stats.oldest_row_seconds.is_some_and(|s| s < 60), "{t}: {stats:?}");
     assert!(stats.by_aggregate_type.is_empty(), "{t}: {stats:?}");
 }
@@ -77,8 +82,8 @@ async fn default_cleanup_never_deletes_unpublished_rows_however_old(t: TestDb) {
     assert_eq!((count_outbox(&t).await, count_unpublished(&t).await), (15, 15), "{t}: the 4-day-old unpublished stay");
 
     let relay_stats = admin::stats(&t.db).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-    assert_eq!((relay_stats.mode, relay_stats.pending, relay_stats.rows), (StatsMode::Relay, 15, None), "{t}");
-    assert!(relay_stats.oldest_pending_seconds >= 4 * 86_400 - 60, "{t}: {relay_stats:?}");
+    assert_eq!((relay_stats.mode, relay_stats.totals.pending, relay_stats.rows), (StatsMode::Relay, 15, None), "{t}");
+    assert!(relay_stats.totals.oldest_pending_seconds >= 4 * 86_400 - 60, "{t}: {relay_stats:?}");
 }
 per_backend!(default_cleanup_never_deletes_unpublished_rows_however_old, "cdc_default_keeps_unpublished");
 

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use common::{assert_per_aggregate_order, count_published, enqueue_committed, event};
 use outbox_integration_tests::{TestDb, per_backend};
+use outbox_seaorm::store::{BatchOutcome, ClaimRequest, ClaimedBatch, MaintenanceStore, OutboxStore};
 use outbox_seaorm::{
-    Backoff, BatchOutcome, ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, InMemoryPublisher, NewEvent,
-    OutboxStore, Relay, RelayConfig, SeaOrmStore,
+    Backoff, ClaimMode, DeadLetterPolicy, InMemoryPublisher, NewEvent, Relay, RelayConfig, SeaOrmStore,
 };
 use sea_orm::{ConnectionTrait, DbBackend};
 

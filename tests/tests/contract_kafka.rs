@@ -19,9 +19,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_integration_tests::contract::{Fixture, RawMessage};
+use outbox_integration_tests::contract::{Fixture, RawMessage, Refused};
 use outbox_integration_tests::proxy::Proxy;
-use outbox_seaorm::Destination;
 use outbox_seaorm::brokers::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use outbox_seaorm::brokers::kafka::rdkafka::client::DefaultClientContext;
 use outbox_seaorm::brokers::kafka::rdkafka::consumer::{BaseConsumer, Consumer as _};
@@ -29,6 +28,8 @@ use outbox_seaorm::brokers::kafka::rdkafka::message::{Header, Headers as _, Mess
 use outbox_seaorm::brokers::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
 use outbox_seaorm::brokers::kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use outbox_seaorm::brokers::kafka::{KafkaPublisher, KafkaTransport, Subscription};
+use outbox_seaorm::consume::DeadLetters as _;
+use outbox_seaorm::{Destination, NewEvent};
 
 const ADDRESS: &str = "127.0.0.1:9092";
 const PARTITIONS: i32 = 3;
@@ -54,8 +55,9 @@ impl Drop for Chain {
     }
 }
 
-/// One case's topic.
+/// One case's topic, `<prefix>item` (`item` is the aggregate type of the suite's events).
 struct Kafka {
+    prefix: String,
     topic: String,
     publisher: Arc<KafkaPublisher>,
     chain: Mutex<Option<Arc<Chain>>>,
@@ -169,6 +171,21 @@ fn read_all(topic: &str) -> Vec<RawMessage> {
     out
 }
 
+/// Records in `topic` (the sum over its partitions of high minus low watermark).
+fn record_count(topic: &str) -> u64 {
+    let reader: BaseConsumer = ClientConfig::new().set("bootstrap.servers", ADDRESS).create().expect("reader");
+    let timeout = Duration::from_secs(10);
+    let metadata = reader.fetch_metadata(Some(topic), timeout).expect("metadata");
+    let mut records = 0;
+    for found in metadata.topics().iter().filter(|t| t.error().is_none()) {
+        for partition in found.partitions() {
+            let (low, high) = reader.fetch_watermarks(topic, partition.id(), timeout).expect("watermarks");
+            records += u64::try_from(high - low).unwrap_or(0);
+        }
+    }
+    records
+}
+
 impl Fixture for Kafka {
     type Publisher = Arc<KafkaPublisher>;
     type Transport = KafkaTransport;
@@ -176,7 +193,8 @@ impl Fixture for Kafka {
     const ADDRESS: &'static str = ADDRESS;
 
     async fn setup(tag: &str) -> Self {
-        let topic = format!("ct-{}-{}", tag.replace('_', "-"), uuid::Uuid::new_v4().simple());
+        let prefix = format!("ct-{}-{}-", tag.replace('_', "-"), uuid::Uuid::new_v4().simple());
+        let topic = format!("{prefix}item");
         let new = NewTopic::new(&topic, PARTITIONS, TopicReplication::Fixed(1));
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
         for result in admin().create_topics([&new], &options).await.expect("create topic") {
@@ -184,7 +202,7 @@ impl Fixture for Kafka {
         }
         let destination = Destination::fixed(&topic).expect("topic");
         let publisher = KafkaPublisher::connect(ADDRESS, destination, &[]).expect("publisher");
-        Kafka { topic, publisher: Arc::new(publisher), chain: Mutex::new(None) }
+        Kafka { prefix, topic, publisher: Arc::new(publisher), chain: Mutex::new(None) }
     }
 
     fn publisher(&self) -> Self::Publisher {
@@ -218,10 +236,16 @@ impl Fixture for Kafka {
         replayer.replay_dead_letters(1_000).await.expect("replay")
     }
 
-    async fn interrupt(&self, outage: Duration) -> Option<()> {
-        let chain = self.chain().await?;
-        chain.proxy.outage(outage).await;
-        Some(())
+    async fn cut(&self) -> bool {
+        let Some(chain) = self.chain().await else { return false };
+        chain.proxy.cut();
+        true
+    }
+
+    async fn restore(&self) {
+        if let Some(chain) = self.chain().await {
+            chain.proxy.restore();
+        }
     }
 
     async fn interruptible_transport(&self, group: &str) -> KafkaTransport {
@@ -229,6 +253,52 @@ impl Fixture for Kafka {
             Some(chain) => self.transport_at(&format!("127.0.0.1:{}", chain.proxy.port()), group),
             None => self.transport_at(ADDRESS, group),
         }
+    }
+
+    async fn interruptible_publisher(&self) -> Self::Publisher {
+        let bootstrap = match self.chain().await {
+            Some(chain) => format!("127.0.0.1:{}", chain.proxy.port()),
+            None => ADDRESS.to_owned(),
+        };
+        // A publish the cut broker never acknowledges fails after 2 s instead of the default timeout.
+        let settings =
+            [("message.timeout.ms", "2000"), ("reconnect.backoff.ms", "100"), ("reconnect.backoff.max.ms", "500")];
+        let destination = Destination::fixed(&self.topic).expect("topic");
+        Arc::new(KafkaPublisher::connect(&bootstrap, destination, &settings).expect("publisher through the proxy"))
+    }
+
+    async fn message_count(&self) -> u64 {
+        let topic = self.topic.clone();
+        tokio::task::spawn_blocking(move || record_count(&topic)).await.expect("count records")
+    }
+
+    /// Topics by aggregate type: one with a `/` is no Kafka topic name; a record over the producer's
+    /// `message.max.bytes` is refused before it is sent.
+    async fn refusing_publisher(&self) -> (Self::Publisher, Vec<Refused>) {
+        let destination = Destination::parse(&format!("{}{{aggregate_type}}", self.prefix)).expect("template");
+        let publisher =
+            KafkaPublisher::connect(ADDRESS, destination, &[("message.max.bytes", "10000")]).expect("publisher");
+        let slash = NewEvent::new("it/em", "k1", "contract.counted", &serde_json::json!({"n": 0}));
+        let big = NewEvent::new("item", "k2", "contract.counted", &serde_json::json!({"blob": "x".repeat(20_000)}));
+        let refused = vec![
+            Refused { event: slash.expect("event"), error: "invalid Kafka topic" },
+            Refused { event: big.expect("event"), error: "over message.max.bytes (10000 bytes here" },
+        ];
+        (Arc::new(publisher), refused)
+    }
+
+    const BAD_URLS: &'static [(&'static str, &'static str)] = &[
+        ("kafka://", "has no host"),
+        ("kafka//127.0.0.1:9092", "has a path"),
+        ("kafka://127.0.0.1:nine", "port \"nine\""),
+        ("amqp://127.0.0.1:5672", "is not a Kafka URL"),
+        ("kafka://user:secret@127.0.0.1:notaport", "has port \"notaport\""),
+    ];
+
+    const UNREACHABLE_URL: Option<&'static str> = None;
+
+    async fn connect_publisher(url: &str) -> outbox_seaorm::Result<()> {
+        KafkaPublisher::connect(url, Destination::fixed("ct-any").expect("topic"), &[]).map(drop)
     }
 
     async fn teardown(self) {

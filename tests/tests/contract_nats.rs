@@ -4,13 +4,14 @@
 
 use std::time::Duration;
 
-use outbox_integration_tests::contract::{Fixture, RawMessage};
+use outbox_integration_tests::contract::{Fixture, RawMessage, Refused};
 use outbox_integration_tests::proxy::Proxy;
-use outbox_seaorm::Destination;
 use outbox_seaorm::brokers::nats::async_nats::jetstream::message::PublishMessage;
 use outbox_seaorm::brokers::nats::async_nats::jetstream::stream::RawMessageErrorKind;
 use outbox_seaorm::brokers::nats::async_nats::{HeaderMap, HeaderValue};
 use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport, NatsTransportOptions};
+use outbox_seaorm::consume::DeadLetters as _;
+use outbox_seaorm::{Destination, NewEvent};
 
 const NATS_URL: &str = "nats://127.0.0.1:4222";
 
@@ -102,13 +103,70 @@ impl Fixture for Nats {
         self.transport(group).await.replay_dead_letters(1_000).await.unwrap_or_else(|e| panic!("replay: {e}"))
     }
 
-    async fn interrupt(&self, outage: Duration) -> Option<()> {
-        self.proxy.outage(outage).await;
-        Some(())
+    async fn cut(&self) -> bool {
+        self.proxy.cut();
+        true
+    }
+
+    async fn restore(&self) {
+        self.proxy.restore();
     }
 
     async fn interruptible_transport(&self, group: &str) -> NatsTransport {
         self.transport_at(&format!("nats://{}", self.proxy.addr()), group).await
+    }
+
+    async fn interruptible_publisher(&self) -> NatsPublisher {
+        let url = format!("nats://{}", self.proxy.addr());
+        NatsPublisher::connect(&url, self.publisher.destination().clone())
+            .await
+            .unwrap_or_else(|e| panic!("connect through the proxy: {e}"))
+            .with_ack_timeout(Duration::from_secs(2))
+    }
+
+    async fn message_count(&self) -> u64 {
+        let mut stream = self.publisher.jetstream().get_stream(&self.stream).await.expect("stream");
+        stream.info().await.expect("stream info").state.messages
+    }
+
+    /// Subjects by aggregate id: one with a space, a wildcard or an empty token is no subject; one over the
+    /// server's `max_payload` (with its headers) is refused before it is sent.
+    async fn refusing_publisher(&self) -> (NatsPublisher, Vec<Refused>) {
+        let destination =
+            Destination::parse(&format!("{}.{{aggregate_type}}.{{aggregate_id}}", self.prefix)).expect("template");
+        let publisher = NatsPublisher::connect(NATS_URL, destination).await.expect("publisher");
+        let max_payload = publisher.client().server_info().max_payload;
+        let big_text = "x".repeat(max_payload.min(outbox_seaorm::limits::DEFAULT_MAX_PAYLOAD_BYTES) - 64);
+        let counted = |id: &str, payload: serde_json::Value| {
+            NewEvent::new("item", id, "contract.counted", &payload).expect("event")
+        };
+        let refused = vec![
+            Refused {
+                event: counted("has space", serde_json::json!({"item": "x", "n": 0})),
+                error: "contains whitespace",
+            },
+            Refused { event: counted("a*", serde_json::json!({"item": "x", "n": 0})), error: "contains a wildcard" },
+            Refused { event: counted("x.", serde_json::json!({"item": "x", "n": 0})), error: "has an empty token" },
+            Refused {
+                event: counted("big", serde_json::json!({"text": big_text})),
+                error: "over the server's max_payload",
+            },
+        ];
+        (publisher, refused)
+    }
+
+    const BAD_URLS: &'static [(&'static str, &'static str)] = &[
+        ("127.0.0.1:4222", "is not a URL"),
+        ("mqtt://127.0.0.1:4222", "scheme \"mqtt\""),
+        ("kafka://127.0.0.1:9092", "is not a NATS URL"),
+        ("nats://", "has no host"),
+        ("nats://user:secret@127.0.0.1:notaport", "has port \"notaport\""),
+    ];
+
+    const UNREACHABLE_URL: Option<&'static str> = Some("nats://user:secret@127.0.0.1:1");
+
+    async fn connect_publisher(url: &str) -> outbox_seaorm::Result<()> {
+        NatsPublisher::connect(url, Destination::fixed("ct.any").expect("subject")).await.map(drop)
     }
 
     async fn teardown(self) {

@@ -11,13 +11,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_integration_tests::contract::{Fixture, RawMessage};
+use outbox_integration_tests::contract::{Fixture, RawMessage, Refused};
 use outbox_integration_tests::proxy::Proxy;
-use outbox_seaorm::Destination;
 use outbox_seaorm::brokers::rabbitmq::lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
 use outbox_seaorm::brokers::rabbitmq::lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use outbox_seaorm::brokers::rabbitmq::lapin::{self, BasicProperties, Confirmation};
 use outbox_seaorm::brokers::rabbitmq::{DEFAULT_ROUTING_KEY, RabbitPublisher, RabbitTransport};
+use outbox_seaorm::consume::DeadLetters as _;
+use outbox_seaorm::{Destination, NewEvent};
 
 const ADDRESS: &str = "127.0.0.1:5672";
 const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -118,9 +119,13 @@ impl Fixture for Rabbit {
         moved
     }
 
-    async fn interrupt(&self, outage: Duration) -> Option<()> {
-        self.proxy.outage(outage).await;
-        Some(())
+    async fn cut(&self) -> bool {
+        self.proxy.cut();
+        true
+    }
+
+    async fn restore(&self) {
+        self.proxy.restore();
     }
 
     async fn interruptible_transport(&self, group: &str) -> RabbitTransport {
@@ -129,6 +134,52 @@ impl Fixture for Rabbit {
             .await
             .expect("connect the transport through the proxy")
             .with_connect_timeout(Duration::from_secs(2))
+    }
+
+    async fn interruptible_publisher(&self) -> Self::Publisher {
+        let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.proxy.port());
+        let routing_key = self.publisher.routing_key().clone();
+        let publisher = RabbitPublisher::connect(&url, &self.exchange, routing_key)
+            .await
+            .expect("connect the publisher through the proxy")
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_confirm_timeout(Duration::from_secs(2));
+        Arc::new(publisher)
+    }
+
+    async fn message_count(&self) -> u64 {
+        u64::from(self.publisher.message_count(&self.queue).await.expect("queue message count"))
+    }
+
+    /// Routing keys by aggregate id and event type: one over RabbitMQ's 255 bytes; a payload over the
+    /// publisher's `max_message_bytes` is refused before it is sent.
+    async fn refusing_publisher(&self) -> (Self::Publisher, Vec<Refused>) {
+        let by_id = Destination::parse("{aggregate_id}.{event_type}").expect("template");
+        let publisher =
+            RabbitPublisher::connect(URL, &self.exchange, by_id).await.expect("publisher").with_max_message_bytes(1024);
+        let (long_id, long_type) = ("a".repeat(128), format!("rmq.{}", "t".repeat(124)));
+        let long_key = NewEvent::new("item", long_id.as_str(), long_type.as_str(), &serde_json::json!({"n": 0}));
+        let big = NewEvent::new("item", "r1", "contract.counted", &serde_json::json!({"pad": "x".repeat(4096)}));
+        let refused = vec![
+            Refused { event: long_key.expect("event"), error: "routing key is 257 bytes" },
+            Refused { event: big.expect("event"), error: "this RabbitMQ publisher sends at most 1024" },
+        ];
+        (Arc::new(publisher), refused)
+    }
+
+    const BAD_URLS: &'static [(&'static str, &'static str)] = &[
+        ("127.0.0.1:5672", "is not a URL"),
+        ("mqtt://127.0.0.1:1883", "scheme \"mqtt\""),
+        ("nats://127.0.0.1:4222", "is not a RabbitMQ URL"),
+        ("amqp://", "has no host"),
+        ("amqp://guest:secret@127.0.0.1:notaport/%2f", "has port \"notaport\""),
+    ];
+
+    const UNREACHABLE_URL: Option<&'static str> = Some("amqp://guest:secret@127.0.0.1:1/%2f");
+
+    async fn connect_publisher(url: &str) -> outbox_seaorm::Result<()> {
+        let routing_key = Destination::parse(DEFAULT_ROUTING_KEY).expect("template");
+        RabbitPublisher::connect(url, "ct-any", routing_key).await.map(drop)
     }
 
     async fn teardown(self) {

@@ -4,11 +4,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use outbox_integration_tests::contract::{Fixture, RawMessage};
+use outbox_integration_tests::contract::{Fixture, RawMessage, Refused};
 use outbox_integration_tests::proxy::Proxy;
-use outbox_seaorm::Destination;
 use outbox_seaorm::brokers::redis::redis::{self, AsyncCommands, aio::MultiplexedConnection};
-use outbox_seaorm::brokers::redis::{PAYLOAD_FIELD, RedisPublisher, RedisTransport, RedisTransportConfig, dead_field};
+use outbox_seaorm::brokers::redis::{
+    PAYLOAD_FIELD, RedisPublisher, RedisPublisherConfig, RedisTransport, RedisTransportConfig, dead_field,
+};
+use outbox_seaorm::consume::DeadLetters as _;
+use outbox_seaorm::{Destination, NewEvent};
 
 const REDIS_URL: &str = "redis://127.0.0.1:6379";
 
@@ -26,6 +29,8 @@ async fn raw() -> MultiplexedConnection {
 
 struct Redis {
     publisher: RedisPublisher,
+    /// `outbox-ct:<tag>:<uuid>:`; the stream is `<prefix>item`, the aggregate type of the suite's events.
+    prefix: String,
     stream: String,
     proxy: Proxy,
 }
@@ -50,12 +55,13 @@ impl Fixture for Redis {
     const ADDRESS: &'static str = "127.0.0.1:6379";
 
     async fn setup(tag: &str) -> Self {
-        let stream = format!("outbox-ct:{tag}:{}", uuid::Uuid::new_v4().simple());
+        let prefix = format!("outbox-ct:{tag}:{}:", uuid::Uuid::new_v4().simple());
+        let stream = format!("{prefix}item");
         let destination = Destination::fixed(&stream).expect("destination");
         let publisher =
             RedisPublisher::connect(REDIS_URL, destination).await.unwrap_or_else(|e| panic!("connect: {e}"));
         let proxy = Proxy::start(Self::ADDRESS).await;
-        Redis { publisher, stream, proxy }
+        Redis { publisher, prefix, stream, proxy }
     }
 
     fn publisher(&self) -> RedisPublisher {
@@ -97,17 +103,69 @@ impl Fixture for Redis {
         self.transport(group).await.replay_dead_letters(1_000).await.unwrap_or_else(|e| panic!("replay: {e}"))
     }
 
-    async fn interrupt(&self, outage: Duration) -> Option<()> {
-        self.proxy.outage(outage).await;
-        Some(())
+    async fn cut(&self) -> bool {
+        self.proxy.cut();
+        true
+    }
+
+    async fn restore(&self) {
+        self.proxy.restore();
     }
 
     async fn interruptible_transport(&self, group: &str) -> RedisTransport {
         self.transport_at(&format!("redis://{}", self.proxy.addr()), group).await
     }
 
+    async fn interruptible_publisher(&self) -> RedisPublisher {
+        let url = format!("redis://{}", self.proxy.addr());
+        let config = RedisPublisherConfig::default().with_response_timeout(Duration::from_secs(2));
+        RedisPublisher::connect_with(&url, self.publisher.destination().clone(), config)
+            .await
+            .unwrap_or_else(|e| panic!("connect through the proxy: {e}"))
+    }
+
+    async fn message_count(&self) -> u64 {
+        raw().await.xlen(&self.stream).await.expect("XLEN")
+    }
+
+    /// Streams by aggregate type: the `blocked` type's key holds a string (`WRONGTYPE`); a payload over
+    /// the publisher's `max_payload_bytes` is refused before it is sent.
+    async fn refusing_publisher(&self) -> (RedisPublisher, Vec<Refused>) {
+        let _: () = raw().await.set(format!("{}blocked", self.prefix), "not a stream").await.expect("SET");
+        let destination = Destination::parse(&format!("{}{{aggregate_type}}", self.prefix)).expect("template");
+        let config = RedisPublisherConfig::default().with_max_payload_bytes(1024);
+        let publisher = RedisPublisher::connect_with(REDIS_URL, destination, config).await.expect("publisher");
+        let event = |aggregate_type: &str, payload: serde_json::Value| {
+            NewEvent::new(aggregate_type, "r1", "contract.counted", &payload).expect("event")
+        };
+        let refused = vec![
+            Refused { event: event("blocked", serde_json::json!({"n": 0})), error: "WRONGTYPE" },
+            Refused {
+                event: event("item", serde_json::json!({"pad": "x".repeat(4096)})),
+                error: "over the Redis Streams publisher's max_payload_bytes of 1024",
+            },
+        ];
+        (publisher, refused)
+    }
+
+    const BAD_URLS: &'static [(&'static str, &'static str)] = &[
+        ("not a url", "is not a URL"),
+        ("mqtt://127.0.0.1:6379", "scheme \"mqtt\""),
+        ("nats://127.0.0.1:4222", "is not a Redis"),
+        ("redis://", "has no host"),
+        ("redis://:6379", "has no host"),
+        ("redis://user:secret@127.0.0.1:notaport", "has port \"notaport\""),
+    ];
+
+    const UNREACHABLE_URL: Option<&'static str> = Some("redis://user:secret@127.0.0.1:1");
+
+    async fn connect_publisher(url: &str) -> outbox_seaorm::Result<()> {
+        RedisPublisher::connect(url, Destination::fixed("outbox-ct:any").expect("stream")).await.map(drop)
+    }
+
     async fn teardown(self) {
-        let _: i64 = raw().await.del(&[&self.stream, &self.dead_stream()]).await.expect("DEL");
+        let keys = [self.stream.clone(), self.dead_stream(), format!("{}blocked", self.prefix)];
+        let _: i64 = raw().await.del(&keys).await.expect("DEL");
     }
 }
 

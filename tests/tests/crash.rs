@@ -9,10 +9,8 @@ use common::{
     after, count_inbox, count_table, count_unpublished, create_shop_tables, enqueue_committed, event, fast_config,
 };
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::{
-    ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, InMemoryPublisher, OutboxStore, Publisher, Relay,
-    SeaOrmStore,
-};
+use outbox_seaorm::store::{ClaimRequest, ClaimedBatch, OutboxStore};
+use outbox_seaorm::{ClaimMode, DeadLetterPolicy, InMemoryPublisher, Publisher, Relay, SeaOrmStore};
 
 /// Claims, publishes to `broker`, and "crashes": the batch is dropped without `complete`.
 async fn publish_then_crash(

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use common::{count_published, enqueue_committed, event, fast_config, outbox_rows};
 use outbox_integration_tests::contract::eventually;
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::{CancellationToken, InMemoryPublisher, OutboxStore, Relay, SeaOrmStore};
+use outbox_seaorm::store::MaintenanceStore;
+use outbox_seaorm::{CancellationToken, InMemoryPublisher, Relay, SeaOrmStore};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value};
 use sea_orm_migration::MigratorTrait;
 

@@ -8,7 +8,8 @@ use common::{
     insert_invoice, invoice_total,
 };
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::{InMemoryPublisher, InboxOutcome, NewEvent, OutboxStore, Relay, SeaOrmStore};
+use outbox_seaorm::store::MaintenanceStore;
+use outbox_seaorm::{InMemoryPublisher, InboxOutcome, NewEvent, Relay, SeaOrmStore};
 use sea_orm::{ConnectionTrait, TransactionTrait};
 use serde::{Deserialize, Serialize};
 

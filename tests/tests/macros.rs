@@ -291,3 +291,45 @@ async fn a_handler_can_read_the_envelope(t: TestDb) {
     assert_eq!(row.try_get::<i64>("", "n").expect("n"), 1, "{t}: the effect saw the envelope's id");
 }
 per_backend!(a_handler_can_read_the_envelope, "handler_reads_envelope");
+
+/// An app error that takes the outbox's own error beside the database's.
+#[derive(Debug, thiserror::Error)]
+enum TypedError {
+    #[error(transparent)]
+    Db(#[from] DbErr),
+    #[error(transparent)]
+    Outbox(#[from] Error),
+}
+
+struct Tagged {
+    db: DatabaseConnection,
+}
+
+#[transactional_outbox(conn = self.db)]
+impl Tagged {
+    /// Emits with a header name that is no header name: the `emit!` fails.
+    async fn typed(&self, id: &str) -> Result<(), TypedError> {
+        emit!(OrderPaid { order_id: id.to_owned(), amount_minor: 1 }, headers = [("", "x")]);
+        Ok(())
+    }
+
+    /// The same through an error type that only takes `DbErr`.
+    async fn untyped(&self, id: &str) -> Result<(), DbErr> {
+        emit!(OrderPaid { order_id: id.to_owned(), amount_minor: 1 }, headers = [("", "x")]);
+        Ok(())
+    }
+}
+
+async fn a_refused_emit_keeps_the_outbox_error_typed_when_the_error_type_takes_it(t: TestDb) {
+    let service = Tagged { db: t.db.clone() };
+    match service.typed("t1").await {
+        Err(TypedError::Outbox(Error::InvalidEvent { .. })) => {}
+        other => panic!("{t}: expected the typed InvalidEvent, got {other:?}"),
+    }
+    match service.untyped("t2").await {
+        Err(DbErr::Custom(text)) => assert!(text.contains("header"), "{t}: {text}"),
+        other => panic!("{t}: expected DbErr::Custom, got {other:?}"),
+    }
+    assert_eq!(count_outbox(&t).await, 0, "{t}: nothing written");
+}
+per_backend!(a_refused_emit_keeps_the_outbox_error_typed_when_the_error_type_takes_it, "mac_typed_error");

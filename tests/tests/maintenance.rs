@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use common::{CAP, after, count_outbox, count_published, count_unpublished, enqueue_committed, event, fast_config};
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::{Error, InMemoryPublisher, NewEvent, OutboxStats, OutboxStore, Relay, SeaOrmStore};
+use outbox_seaorm::store::{MaintenanceStore, OutboxStats};
+use outbox_seaorm::{Error, InMemoryPublisher, NewEvent, Relay, SeaOrmStore};
 
 async fn stats_report_pending_dead_the_oldest_age_and_the_most_attempts(t: TestDb) {
     let store = SeaOrmStore::new(t.db.clone());

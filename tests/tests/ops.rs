@@ -55,13 +55,13 @@ async fn stats_break_the_backlog_down_by_aggregate_type_and_event_type(t: TestDb
     eight_dead(&t).await;
     enqueue_committed(&t, &[of_type("order", "o9", "order.shipped"), of_type("order", "o9", "order.shipped")]).await;
     let stats = admin::stats(&t.db).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-    assert_eq!((stats.pending, stats.dead, stats.max_attempts), (2, 8, 1), "{t}: {stats:?}");
+    assert_eq!((stats.totals.pending, stats.totals.dead, stats.totals.max_attempts), (2, 8, 1), "{t}: {stats:?}");
     let names: Vec<&str> = stats.by_aggregate_type.iter().map(|g| g.name.as_str()).collect();
     assert_eq!(names, ["order", "payment"], "{t}");
     let order = &stats.by_aggregate_type[0];
-    assert_eq!((order.pending, order.dead), (2, 4), "{t}: {order:?}");
+    assert_eq!((order.figures.pending, order.figures.dead), (2, 4), "{t}: {order:?}");
     let by_event: Vec<(&str, u64, u64)> =
-        stats.by_event_type.iter().map(|g| (g.name.as_str(), g.pending, g.dead)).collect();
+        stats.by_event_type.iter().map(|g| (g.name.as_str(), g.figures.pending, g.figures.dead)).collect();
     assert_eq!(by_event, [("order.placed", 0, 4), ("order.shipped", 2, 0), ("payment.taken", 0, 4)], "{t}");
 
     let json: serde_json::Value = serde_json::to_value(&stats).expect("stats serialise");
@@ -96,7 +96,11 @@ async fn dead_replay_with_a_filter_republishes_exactly_the_selected_rows(t: Test
     let replayed_rows = common::outbox_rows(&t).await;
     let o1 = replayed_rows.iter().find(|r| r.aggregate_id == "o1").expect("o1");
     assert_eq!((o1.attempts, o1.dead_at_ms.is_none(), o1.published_at_ms.is_some()), (0, true, true), "{t}");
-    assert_eq!(admin::stats(&t.db).await.unwrap_or_else(|e| panic!("{t}: {e}")).dead, 5, "{t}: the rest stay dead");
+    assert_eq!(
+        admin::stats(&t.db).await.unwrap_or_else(|e| panic!("{t}: {e}")).totals.dead,
+        5,
+        "{t}: the rest stay dead"
+    );
 
     // Time filters: every dead event died a moment ago.
     let old = DeadFilter::default().older_than(Duration::from_secs(3600));

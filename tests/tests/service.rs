@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use common::{count_outbox, count_published, count_unpublished, enqueue_committed, event, fast_config, outbox_rows};
 use outbox_integration_tests::{TestDb, per_backend};
+use outbox_seaorm::store::{ClaimRequest, MaintenanceStore, OutboxStats, OutboxStore, StoreLock};
 use outbox_seaorm::{
-    Backoff, ClaimMode, ClaimRequest, CleanupConfig, DeadLetterPolicy, Error, InMemoryPublisher, OutboxService,
-    OutboxStats, OutboxStore, Relay, RelayConfig, SeaOrmBatch, SeaOrmStore, StoreLock,
+    Backoff, ClaimMode, CleanupConfig, DeadLetterPolicy, Error, InMemoryPublisher, OutboxService, Relay, RelayConfig,
+    SeaOrmBatch, SeaOrmStore,
 };
 
 /// Polls `condition` every 10 ms until it holds or `within` passes; returns whether it held.
@@ -96,7 +97,7 @@ async fn shutdown_mid_batch_in_transaction_mode_lets_another_relay_claim_the_res
         dead_letters: DeadLetterPolicy::BlockAggregate,
     };
     let batch: SeaOrmBatch = other.claim(request).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-    use outbox_seaorm::ClaimedBatch;
+    use outbox_seaorm::store::ClaimedBatch;
     assert_eq!(batch.events().len() as u64, unpublished, "{t}: every unpublished row is free to claim");
 }
 per_backend!(shutdown_mid_batch_in_transaction_mode_lets_another_relay_claim_the_rest_at_once, "service_shutdown_txn");
@@ -123,17 +124,15 @@ impl OutboxStore for FlakyStore {
         }
         self.inner.claim(request).await
     }
+}
 
+impl MaintenanceStore for FlakyStore {
     async fn stats(&self, now: DateTime<Utc>) -> outbox_seaorm::Result<OutboxStats> {
         self.inner.stats(now).await
     }
 
     async fn cleanup(&self, now: DateTime<Utc>, retention: Duration, batch: u32) -> outbox_seaorm::Result<u64> {
         self.inner.cleanup(now, retention, batch).await
-    }
-
-    async fn replay_dead(&self, now: DateTime<Utc>) -> outbox_seaorm::Result<u64> {
-        self.inner.replay_dead(now).await
     }
 }
 

@@ -1,7 +1,8 @@
 //! A first end-to-end pass on every backend.
 
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::{InMemoryPublisher, NewEvent, OutboxStore, Relay, RelayConfig, SeaOrmStore};
+use outbox_seaorm::store::MaintenanceStore;
+use outbox_seaorm::{InMemoryPublisher, NewEvent, Relay, RelayConfig, SeaOrmStore};
 use sea_orm::TransactionTrait;
 
 async fn an_enqueued_event_is_published_once_and_counted(t: TestDb) {

@@ -8,8 +8,9 @@ use common::{
     CAP, after, count_inbox, count_table, create_shop_tables, event, fast_config, insert_invoice, outbox_row,
 };
 use outbox_integration_tests::{TestDb, per_backend};
+use outbox_seaorm::store::MaintenanceStore;
 use outbox_seaorm::testkit::{FaultyPublisher, History, HistoryReport, Recorded, Reorder};
-use outbox_seaorm::{InMemoryPublisher, InboxOutcome, NewEvent, OutboxStore, Relay, SeaOrmStore};
+use outbox_seaorm::{InMemoryPublisher, InboxOutcome, NewEvent, Relay, SeaOrmStore};
 use sea_orm::TransactionTrait;
 
 /// Commits `events` in one transaction and records them in `history` with the versions the outbox gave.

@@ -57,17 +57,17 @@ async fn a_commit_in_this_process_wakes_an_idle_relay_long_before_its_poll(t: Te
     let plain = until_received(&t, &broker, 1, since).await;
     tokio::time::sleep(Duration::from_millis(50)).await; // idle again
 
-    // Inside the caller's transaction: the signal from `enqueue` is early; `notify_committed` is not.
+    // Inside the caller's transaction: the signal from `enqueue` is early; `wake_relays` is not.
     let txn = t.db.begin().await.unwrap_or_else(|e| panic!("{t}: {e}"));
     outbox_seaorm::enqueue(&txn, &event("o2", "order.placed", 2)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     tokio::time::sleep(Duration::from_millis(50)).await; // the early wake-up finds nothing and sleeps again
     txn.commit().await.unwrap_or_else(|e| panic!("{t}: {e}"));
     let since = Instant::now();
-    outbox_seaorm::notify_committed();
+    outbox_seaorm::wake_relays();
     let in_txn = until_received(&t, &broker, 2, since).await;
 
     // Both within WAIT, a tenth of the poll: woken, not polled.
-    eprintln!("{t}: poll {LONG_POLL:?}; published {plain:?} after enqueue, {in_txn:?} after commit + notify_committed");
+    eprintln!("{t}: poll {LONG_POLL:?}; published {plain:?} after enqueue, {in_txn:?} after commit + wake_relays");
     service.shutdown().await;
 }
 per_backend!(a_commit_in_this_process_wakes_an_idle_relay_long_before_its_poll, "wake_after_commit");
@@ -75,7 +75,7 @@ per_backend!(a_commit_in_this_process_wakes_an_idle_relay_long_before_its_poll, 
 async fn without_a_signal_after_the_commit_the_poll_still_publishes(t: TestDb) {
     let broker = InMemoryPublisher::new();
     let service = idle_service(&t, &broker, SHORT_POLL).await;
-    // The early signal of `enqueue` inside a transaction, and no `notify_committed` after the commit.
+    // The early signal of `enqueue` inside a transaction, and no `wake_relays` after the commit.
     let txn = t.db.begin().await.unwrap_or_else(|e| panic!("{t}: {e}"));
     outbox_seaorm::enqueue(&txn, &event("o1", "order.placed", 1)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -25,9 +25,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use outbox_seaorm::store::MaintenanceStore;
 use outbox_seaorm::{
-    Backoff, ClaimMode, EventId, Headers, InMemoryPublisher, OutboxEvent, OutboxStore, Publisher, Relay, RelayConfig,
-    RelayPass, SeaOrmStore,
+    Backoff, ClaimMode, EventId, Headers, InMemoryPublisher, OutboxEvent, Publisher, Relay, RelayConfig, RelayPass,
+    SeaOrmStore,
 };
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, SqlErr};
 use serde::Serialize;

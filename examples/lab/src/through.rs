@@ -12,11 +12,12 @@ use outbox_seaorm::brokers::BrokerKind;
 use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport};
 use outbox_seaorm::brokers::rabbitmq::{RabbitPublisher, RabbitTransport};
 use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport};
-use outbox_seaorm::consume::{ReplayDeadLetters, Transport};
+use outbox_seaorm::consume::{DeadLetters, Transport};
+use outbox_seaorm::store::MaintenanceStore;
 use outbox_seaorm::testkit::FaultyPublisher;
 use outbox_seaorm::{
-    Backoff, CancellationToken, Consumer, ConsumerConfig, Destination, EventId, OutboxStore, Publisher, Received,
-    Relay, RelayConfig, SeaOrmStore,
+    Backoff, CancellationToken, Consumer, ConsumerConfig, Destination, EventId, Publisher, Received, Relay,
+    RelayConfig, SeaOrmStore,
 };
 
 use crate::app::{self, Order, OrderPlaced, Result};
@@ -116,7 +117,7 @@ pub async fn flaky_broker_through(lab: &Lab, url: &str, checks: &mut Checks) -> 
 async fn through<P, T>(lab: &Lab, publisher: &P, transport: T, broker_dedups: bool, checks: &mut Checks) -> Result<()>
 where
     P: Publisher,
-    T: Transport + ReplayDeadLetters + 'static,
+    T: Transport + DeadLetters + 'static,
 {
     let broken = Arc::new(AtomicBool::new(true));
     let consumer = Arc::new(billing(lab, broken.clone())?);

@@ -111,7 +111,9 @@ impl FilterArgs {
 }
 
 fn parse_id(id: &str) -> Result<EventId, CliError> {
-    id.parse().map_err(|_| CliError::Refused(format!("{:?} is not an event id (a UUID)", outbox_seaorm::one_line(id))))
+    id.parse().map_err(|_| {
+        CliError::Refused(format!("{:?} is not an event id (a UUID)", outbox_seaorm::__support::one_line(id)))
+    })
 }
 
 /// Lists, shows, replays or discards dead events.
@@ -136,7 +138,7 @@ pub async fn run(db: &DatabaseConnection, command: DeadCommand) -> Result<(), Cl
                     event.seq,
                     event.attempts,
                     event.dead_at,
-                    outbox_seaorm::one_line(event.last_error.as_deref().unwrap_or("-")),
+                    outbox_seaorm::__support::one_line(event.last_error.as_deref().unwrap_or("-")),
                 );
             }
             println!("{} dead event(s) listed (at most {limit})", events.len());

@@ -5,13 +5,14 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use outbox_seaorm::__support::one_line;
+use outbox_seaorm::Destination;
 use outbox_seaorm::brokers::BrokerKind;
 use outbox_seaorm::brokers::kafka::{KafkaTransport, Subscription};
 use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport, NatsTransportOptions};
 use outbox_seaorm::brokers::rabbitmq::RabbitTransport;
 use outbox_seaorm::brokers::redis::{RedisTransport, RedisTransportConfig};
 use outbox_seaorm::consume::{DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters};
-use outbox_seaorm::{Destination, one_line};
 
 use crate::{CliError, JsonArgs, duration};
 

@@ -163,7 +163,7 @@ mod tests {
     fn healthy(now: chrono::DateTime<chrono::Utc>, oldest_pending_seconds: u64) -> Health {
         let mut health = Health::default();
         health.last_success_at = Some(now);
-        health.stats = Some(outbox_seaorm::OutboxStats { oldest_pending_seconds, ..Default::default() });
+        health.stats = Some(outbox_seaorm::store::OutboxStats { oldest_pending_seconds, ..Default::default() });
         health
     }
 

@@ -214,7 +214,7 @@ async fn connect_broker(
     let attempt = || async {
         let attempt = broker::connect(&args.broker).await;
         if attempt.is_err() {
-            let waiting = admin::stats(db).await.map(|s| s.pending).unwrap_or_default();
+            let waiting = admin::stats(db).await.map(|s| s.totals.pending).unwrap_or_default();
             tracing::info!(events_waiting = waiting, "events wait in the outbox until the broker answers");
         }
         attempt

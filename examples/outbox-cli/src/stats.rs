@@ -37,7 +37,7 @@ fn print_stats(stats: &admin::Stats) {
     }
     println!(
         "pending {}, dead {}, oldest pending {} s, most attempts {}",
-        stats.pending, stats.dead, stats.oldest_pending_seconds, stats.max_attempts
+        stats.totals.pending, stats.totals.dead, stats.totals.oldest_pending_seconds, stats.totals.max_attempts
     );
     for (title, groups) in [("aggregate type", &stats.by_aggregate_type), ("event type", &stats.by_event_type)] {
         if groups.is_empty() {
@@ -46,9 +46,10 @@ fn print_stats(stats: &admin::Stats) {
         println!();
         println!("{title:<32} {:>9} {:>9} {:>12} {:>9}", "pending", "dead", "oldest (s)", "attempts");
         for group in groups {
+            let figures = &group.figures;
             println!(
                 "{:<32} {:>9} {:>9} {:>12} {:>9}",
-                group.name, group.pending, group.dead, group.oldest_pending_seconds, group.max_attempts
+                group.name, figures.pending, figures.dead, figures.oldest_pending_seconds, figures.max_attempts
             );
         }
     }

@@ -4,7 +4,7 @@
 //!   broker's dedup id where the broker has one, and the [`envelope_headers`](crate::broker::envelope_headers);
 //! - consumes through a [`Transport`](crate::consume::Transport) driven by the one consume driver,
 //!   [`Consumer::run`](crate::Consumer::run), with dead letters on by default and a
-//!   [`ReplayDeadLetters`](crate::consume::ReplayDeadLetters) API;
+//!   [`DeadLetters`](crate::consume::DeadLetters) API (list, show, replay, discard);
 //! - parses its URL with [`BrokerUrl`], so no error ever shows a password;
 //! - connects once in its constructor: wrap it in [`connect_with_retry`] for a broker that may come up
 //!   after the app (the `outbox relay` command does, with [`ConnectRetry::forever`]).

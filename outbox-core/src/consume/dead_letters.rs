@@ -4,7 +4,7 @@
 //! [`dead_letters`](DeadLetters::dead_letters), which walks its dead-letter destination oldest first and
 //! does one [`DeadLetterAction`] to each letter a [`DeadLetterFilter`] selects. The operations an operator
 //! needs (and the `outbox dead-letters` command) are the provided methods built on it, and
-//! [`ReplayDeadLetters::replay_dead_letters`](super::ReplayDeadLetters) is the same walk with every letter
+//! [`DeadLetters::replay_dead_letters`] is the same walk with every letter
 //! selected.
 //!
 //! Nothing is lost: a replayed letter leaves the dead-letter destination only after the broker confirmed its
@@ -257,7 +257,7 @@ pub struct DeadLetterOutcome {
 }
 
 /// The dead letters of a transport: list, show, replay and discard them. Every broker transport implements
-/// it; [`ReplayDeadLetters`](super::ReplayDeadLetters) replays through it.
+/// it; [`DeadLetters::replay_dead_letters`] replays every letter.
 pub trait DeadLetters: Send + Sync {
     /// The broker's name for messages, e.g. `Redis Streams`.
     fn dead_letter_broker(&self) -> &'static str;
@@ -289,6 +289,17 @@ pub trait DeadLetters: Send + Sync {
         async move {
             let filter = DeadLetterFilter::default().id(id);
             Ok(self.dead_letters(&filter, DeadLetterAction::Show, 1).await?.letters.into_iter().next())
+        }
+    }
+
+    /// Moves up to `max` dead letters (every one, oldest first) back to their origin with their original
+    /// headers, removing each from the dead-letter destination only after the broker confirmed the
+    /// republish; how many moved. A fixed consumer then applies them (its inbox absorbs any it had
+    /// applied). Each broker's implementation says what "removing" and "origin" mean there.
+    fn replay_dead_letters(&self, max: usize) -> impl Future<Output = Result<u64>> + Send {
+        async move {
+            let outcome = self.dead_letters(&DeadLetterFilter::all(), DeadLetterAction::Replay, max).await?;
+            Ok(outcome.letters.len() as u64)
         }
     }
 

@@ -470,7 +470,7 @@ impl<'a, T: Transport> Driver<'a, T> {
                     pause
                 }
             };
-            if !self.hold(delivery, reason).await {
+            if !self.hold(reason).await {
                 return self.release(delivery).await;
             }
         }
@@ -500,7 +500,7 @@ impl<'a, T: Transport> Driver<'a, T> {
                     failures = failures.saturating_add(1);
                     let pause = self.consumer.config.backoff.delay(failures);
                     tracing::warn!(%error, ?pause, "dead-letter publish not confirmed; the message is kept and the dead letter retried");
-                    if !self.hold(delivery, pause).await {
+                    if !self.hold(pause).await {
                         return self.release(delivery).await;
                     }
                 }
@@ -508,26 +508,12 @@ impl<'a, T: Transport> Driver<'a, T> {
         }
     }
 
-    /// Waits `pause` while keeping the message alive at the broker; `false` when shutdown came first.
-    async fn hold(&self, delivery: &Delivery<T::Receipt>, pause: Duration) -> bool {
-        let until = tokio::time::Instant::now() + pause;
-        let every = self.transport.keep_alive_every();
-        loop {
-            let now = tokio::time::Instant::now();
-            if now >= until {
-                return true;
-            }
-            let step = every.map_or(until - now, |every| every.min(until - now));
-            tokio::select! {
-                () = self.shutdown.cancelled() => return false,
-                () = tokio::time::sleep(step) => {}
-            }
-            if every.is_some()
-                && tokio::time::Instant::now() < until
-                && let Err(error) = self.transport.keep_alive(&delivery.receipt).await
-            {
-                tracing::debug!(%error, "keep-alive failed; the broker may redeliver the message (the inbox absorbs it)");
-            }
+    /// Waits `pause` (the transport keeps the message alive at the broker meanwhile); `false` when
+    /// shutdown came first.
+    async fn hold(&self, pause: Duration) -> bool {
+        tokio::select! {
+            () = self.shutdown.cancelled() => false,
+            () = tokio::time::sleep(pause) => true,
         }
     }
 

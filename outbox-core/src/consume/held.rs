@@ -1,9 +1,15 @@
-//! What a transport holds for the driver and must keep alive at a broker with a redelivery deadline.
+//! What a transport holds for the driver and must keep alive at a broker with a redelivery deadline, and the
+//! one task that keeps it alive ([`keep_held_alive`]): every message from its fetch to its ack or release,
+//! whether the driver is handling it, queues it behind its aggregate, or waits out a retry.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::hash::Hash;
+use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
 
 /// Messages handed to the driver and not acked or released yet, with when each was last kept alive.
 #[derive(Debug)]
@@ -32,13 +38,6 @@ impl<K: Hash + Eq + Clone, V: Clone> HeldSet<K, V> {
         self.lock().remove(key);
     }
 
-    /// Records that `key` was just kept alive.
-    pub(crate) fn touch(&self, key: &K) {
-        if let Some((_, touched)) = self.lock().get_mut(key) {
-            *touched = Instant::now();
-        }
-    }
-
     /// Whether `key` is held.
     #[cfg(any(test, feature = "redis"))]
     pub(crate) fn contains(&self, key: &K) -> bool {
@@ -63,6 +62,39 @@ impl<K: Hash + Eq + Clone, V: Clone> HeldSet<K, V> {
                 (key.clone(), value.clone())
             })
             .collect()
+    }
+}
+
+/// The broker side of keeping held messages alive (NATS progress acks, Redis idle-time resets).
+pub(crate) trait KeepAlive: Send + Sync + 'static {
+    /// What identifies a held message to the transport.
+    type Key: Hash + Eq + Clone + Send;
+    /// What the keep-alive needs of it (a NATS reply subject; nothing for Redis).
+    type Value: Clone + Send;
+
+    /// The held messages.
+    fn held(&self) -> &HeldSet<Self::Key, Self::Value>;
+
+    /// Tells the broker the `due` messages are still being worked on; the first error ends the round.
+    fn keep_alive(&self, due: Vec<(Self::Key, Self::Value)>) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// Keeps every message `shared` holds alive until `stop`: every half of `every`, the messages not kept
+/// alive within `every` go to [`KeepAlive::keep_alive`]. A failure is logged at debug level and retried next
+/// round: the broker may then redeliver the message, and the inbox absorbs the copy.
+pub(crate) async fn keep_held_alive<S: KeepAlive>(shared: Arc<S>, every: Duration, stop: CancellationToken) {
+    let tick = every / 2;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(tick) => {}
+        }
+        let due = shared.held().due(every);
+        if !due.is_empty()
+            && let Err(error) = shared.keep_alive(due).await
+        {
+            tracing::debug!(%error, "keeping held messages alive failed; the broker may redeliver one (the inbox absorbs it)");
+        }
     }
 }
 

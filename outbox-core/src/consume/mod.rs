@@ -38,9 +38,7 @@ use std::time::Duration;
 pub use dead_letters::{DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters};
 pub use group::{GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
 pub use route::{EventHandler, Handled, Received};
-pub use transport::{
-    DeadLetter, Delivery, MAX_DEAD_REASON_LEN, ReplayDeadLetters, Replayable, Transport, dead_header, replayable,
-};
+pub use transport::{DeadLetter, Delivery, MAX_DEAD_REASON_LEN, Replayable, Transport, dead_header, replayable};
 
 use crate::config::Backoff;
 use crate::envelope::DEFAULT_MAX_PAYLOAD_BYTES;

@@ -149,41 +149,11 @@ pub trait Transport: Send + Sync {
         letter: &DeadLetter,
     ) -> impl Future<Output = Result<()>> + Send;
 
-    /// How often a message held by the driver (waiting for a retry) must be kept alive, for brokers that
-    /// redeliver a message not acked within a deadline; `None` (the default) when nothing expires.
-    fn keep_alive_every(&self) -> Option<Duration> {
-        None
-    }
-
-    /// Tells the broker a held message is still being worked on (NATS progress ack, Redis claim reset).
-    fn keep_alive(&self, receipt: &Self::Receipt) -> impl Future<Output = Result<()>> + Send {
-        let _ = receipt;
-        async { Ok(()) }
-    }
-
     /// Called once when the driver stops, after the last ack: makes durable the acks a transport batches
     /// (Kafka commits its acked offsets), waiting a bounded time so that shutdown stays bounded. An error is
     /// logged by the driver, not returned: what it could not make durable is delivered again (the inbox
     /// absorbs it). The default does nothing (each ack was final).
     fn flush(&self) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
-    }
-}
-
-/// Moving dead letters back to where they were first published, so a fixed consumer applies them (its
-/// inbox absorbs any it had applied). Every [`DeadLetters`](super::DeadLetters) implementation (every broker
-/// transport) has it: it is [`DeadLetterAction::Replay`](super::DeadLetterAction::Replay) of
-/// [`DeadLetterFilter::all`](super::DeadLetterFilter::all).
-pub trait ReplayDeadLetters: Send + Sync {
-    /// Moves up to `max` dead letters back to their origin with their original headers, removing each
-    /// from the dead-letter destination only after the broker confirmed the republish; how many moved.
-    fn replay_dead_letters(&self, max: usize) -> impl Future<Output = Result<u64>> + Send;
-}
-
-impl<T: super::DeadLetters> ReplayDeadLetters for T {
-    async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
-        let all = super::DeadLetterFilter::all();
-        let outcome = self.dead_letters(&all, super::DeadLetterAction::Replay, max).await?;
-        Ok(outcome.letters.len() as u64)
     }
 }

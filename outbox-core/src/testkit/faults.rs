@@ -318,24 +318,14 @@ impl<P: Publisher> Publisher for FaultyPublisher<P> {
 mod tests {
     use super::*;
     use crate::InMemoryPublisher;
-    use crate::envelope::EventId;
+    use crate::envelope::{EventId, NewEvent};
 
     /// `n` events of `n` different aggregates (as the relay sends them), each at version `version`.
     fn events(n: usize, version: i64) -> Vec<OutboxEvent> {
         (0..n)
-            .map(|i| OutboxEvent {
-                seq: i as i64,
-                aggregate_version: version,
-                id: EventId::new(),
-                aggregate_type: "order".into(),
-                aggregate_id: format!("o{i}"),
-                event_type: "order.placed".into(),
-                schema_version: 1,
-                payload: "{}".into(),
-                headers: Default::default(),
-                created_at: chrono::Utc::now(),
-                attempts: 0,
-                last_error: None,
+            .map(|i| {
+                let event = NewEvent::new("order", format!("o{i}"), "order.placed", &serde_json::json!({})).unwrap();
+                super::super::outbox_event(&event, i as i64, version)
             })
             .collect()
     }

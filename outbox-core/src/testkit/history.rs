@@ -223,6 +223,7 @@ pub fn check(committed: &[Recorded], delivered: &[EventId], applied: &[Recorded]
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envelope::NewEvent;
 
     fn event(aggregate: &str, version: i64) -> Recorded {
         Recorded { id: EventId::new(), aggregate: aggregate.into(), version }
@@ -326,20 +327,8 @@ mod tests {
 
     #[test]
     fn recorded_of_an_envelope_takes_its_id_aggregate_and_version() {
-        let envelope = OutboxEvent {
-            seq: 9,
-            aggregate_version: 4,
-            id: EventId::new(),
-            aggregate_type: "order".into(),
-            aggregate_id: "o1".into(),
-            event_type: "order.placed".into(),
-            schema_version: 1,
-            payload: "{}".into(),
-            headers: Default::default(),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-            last_error: None,
-        };
+        let event = NewEvent::new("order", "o1", "order.placed", &serde_json::json!({})).unwrap();
+        let envelope = super::super::outbox_event(&event, 9, 4);
         assert_eq!(Recorded::of(&envelope), Recorded { id: envelope.id, aggregate: "o1".into(), version: 4 });
     }
 }

@@ -8,7 +8,8 @@ use sea_orm::sea_query::{Cond, Expr, ExprTrait, Order, Query};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr};
 use serde::Serialize;
 
-use outbox_runtime::{CLEANUP_LOCK, CleanupConfig};
+use outbox_runtime::CleanupConfig;
+use outbox_runtime::service::CLEANUP_LOCK;
 
 use crate::entity::{inbox_message, outbox_event};
 use crate::error::{Error, Result, store_error};

@@ -237,11 +237,7 @@ pub async fn show_dead<C: ConnectionTrait>(db: &C, id: EventId) -> Result<Option
 /// stays for the record); returns how many. The relays of this process are woken; others find them at
 /// their next poll. In order: an aggregate blocked by a replayed event resumes with it.
 pub async fn replay_dead(db: &DatabaseConnection, filter: &DeadFilter) -> Result<u64> {
-    replay_matching(db, filter, Utc::now()).await
-}
-
-/// The replay behind [`replay_dead`] and `SeaOrmStore::replay_dead`.
-pub(crate) async fn replay_matching(db: &DatabaseConnection, filter: &DeadFilter, now: DateTime<Utc>) -> Result<u64> {
+    let now = Utc::now();
     let backend = db.get_database_backend();
     let error = |operation| move |e| store_error(operation, "outbox_events", backend, e);
     let txn = crate::store::begin_writing(db).await.map_err(error("begin a replay"))?;

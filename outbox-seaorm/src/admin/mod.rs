@@ -17,7 +17,7 @@
 //! let report = admin::check(&db, &admin::CheckOptions::default()).await;
 //! assert!(report.ok, "{:?}", report.first_failure());
 //! let replayed = admin::replay_dead(&db, &DeadFilter::default().event_type("order.placed")).await?;
-//! println!("{replayed} replayed; {} still pending", admin::stats(&db).await?.pending);
+//! println!("{replayed} replayed; {} still pending", admin::stats(&db).await?.totals.pending);
 //! # Ok(()) }
 //! ```
 
@@ -34,7 +34,7 @@ pub use stats::{GroupStats, Stats, StatsMode, stats, stats_in};
 pub use outbox_runtime::CleanupConfig;
 
 pub(crate) use cleanup::{cutoff_ms, delete_in_batches};
-pub(crate) use dead::replay_matching;
+pub(crate) use stats::totals;
 
 /// The names of the outbox migrations, oldest first: what [`pending_migrations`] looks for (also without
 /// the `migrations` feature).

@@ -1,7 +1,8 @@
 //! Backlog figures broken down by aggregate type and event type, for dashboards and `outbox stats`.
 
 use chrono::Utc;
-use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
+use outbox_runtime::store::OutboxStats;
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query, SelectStatement};
 use sea_orm::{ConnectionTrait, DbErr, QueryResult};
 use serde::Serialize;
 
@@ -13,14 +14,9 @@ use crate::error::{Result, store_error};
 pub struct GroupStats {
     /// The aggregate type or event type.
     pub name: String,
-    /// Unpublished events that will still be tried.
-    pub pending: u64,
-    /// Unpublished events that are dead.
-    pub dead: u64,
-    /// Age in whole seconds of the oldest pending event, 0 when none.
-    pub oldest_pending_seconds: u64,
-    /// The highest attempt count among the unpublished events.
-    pub max_attempts: i32,
+    /// Its figures (serialised inline, beside `name`).
+    #[serde(flatten)]
+    pub figures: OutboxStats,
 }
 
 /// Who publishes the outbox, which decides what "pending" means.
@@ -50,14 +46,10 @@ pub struct Stats {
     /// retention (`None` in relay mode).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oldest_row_seconds: Option<u64>,
-    /// Unpublished events that will still be tried.
-    pub pending: u64,
-    /// Unpublished events that are dead (replay or discard them: `outbox dead`).
-    pub dead: u64,
-    /// Age in whole seconds of the oldest pending event, 0 when none: the figure to alert on.
-    pub oldest_pending_seconds: u64,
-    /// The highest attempt count among unpublished events.
-    pub max_attempts: i32,
+    /// The figures of the whole outbox (serialised inline): the same ones the relay's stats sampler
+    /// reads ([`SeaOrmStore`](crate::SeaOrmStore)'s `MaintenanceStore::stats`), by the same query.
+    #[serde(flatten)]
+    pub totals: OutboxStats,
     /// Per aggregate type.
     pub by_aggregate_type: Vec<GroupStats>,
     /// Per event type.
@@ -70,7 +62,7 @@ pub struct Stats {
 /// ```no_run
 /// # async fn demo(db: &sea_orm::DatabaseConnection) -> outbox_seaorm::Result<()> {
 /// let stats = outbox_seaorm::admin::stats(db).await?;
-/// println!("{} pending, oldest {} s", stats.pending, stats.oldest_pending_seconds);
+/// println!("{} pending, oldest {} s", stats.totals.pending, stats.totals.oldest_pending_seconds);
 /// println!("{}", serde_json::to_string(&stats).unwrap());
 /// # Ok(()) }
 /// ```
@@ -91,10 +83,11 @@ pub async fn stats_in<C: ConnectionTrait>(db: &C, mode: StatsMode) -> Result<Sta
     let by_event_type = grouped(db, Column::EventType, now_ms).await.map_err(error)?;
     let mut stats = Stats::default();
     for group in &by_aggregate_type {
-        stats.pending += group.pending;
-        stats.dead += group.dead;
-        stats.oldest_pending_seconds = Ord::max(stats.oldest_pending_seconds, group.oldest_pending_seconds);
-        stats.max_attempts = Ord::max(stats.max_attempts, group.max_attempts);
+        let (totals, figures) = (&mut stats.totals, &group.figures);
+        totals.pending += figures.pending;
+        totals.dead += figures.dead;
+        totals.oldest_pending_seconds = Ord::max(totals.oldest_pending_seconds, figures.oldest_pending_seconds);
+        totals.max_attempts = Ord::max(totals.max_attempts, figures.max_attempts);
     }
     stats.by_aggregate_type = by_aggregate_type;
     stats.by_event_type = by_event_type;
@@ -124,25 +117,37 @@ async fn cdc_stats<C: ConnectionTrait>(db: &C) -> Result<Stats> {
 }
 
 async fn grouped<C: ConnectionTrait>(db: &C, by: Column, now_ms: i64) -> std::result::Result<Vec<GroupStats>, DbErr> {
+    let rows = db.query_all(&figures_query(Some(by))).await?;
+    rows.iter().map(|row| Ok(GroupStats { name: row.try_get("", "name")?, figures: figures(row, now_ms)? })).collect()
+}
+
+/// The figures of the whole outbox: what `MaintenanceStore::stats` reads for the stats sampler.
+pub(crate) async fn totals<C: ConnectionTrait>(db: &C, now_ms: i64) -> std::result::Result<OutboxStats, DbErr> {
+    match db.query_one(&figures_query(None)).await? {
+        Some(row) => figures(&row, now_ms),
+        None => Ok(OutboxStats::default()),
+    }
+}
+
+/// The one query of the backlog figures: over the unpublished rows, per `by` or in all.
+fn figures_query(by: Option<Column>) -> SelectStatement {
     let mut query = Query::select();
+    if let Some(by) = by {
+        query.expr_as(Expr::col(by), Alias::new("name")).group_by_col(by).order_by(by, sea_orm::Order::Asc);
+    }
     query
-        .expr_as(Expr::col(by), Alias::new("name"))
         .expr_as(Expr::cust("COUNT(CASE WHEN dead_at_ms IS NULL THEN 1 END)"), Alias::new("pending"))
         .expr_as(Expr::cust("COUNT(CASE WHEN dead_at_ms IS NOT NULL THEN 1 END)"), Alias::new("dead"))
         .expr_as(Expr::cust("MIN(CASE WHEN dead_at_ms IS NULL THEN created_at_ms END)"), Alias::new("oldest"))
         .expr_as(Expr::cust("MAX(attempts)"), Alias::new("max_attempts"))
         .from(Entity)
-        .and_where(Expr::col(Column::PublishedAtMs).is_null())
-        .group_by_col(by)
-        .order_by(by, sea_orm::Order::Asc);
-    let rows = db.query_all(&query).await?;
-    rows.iter().map(|row| group(row, now_ms)).collect()
+        .and_where(Expr::col(Column::PublishedAtMs).is_null());
+    query
 }
 
-fn group(row: &QueryResult, now_ms: i64) -> std::result::Result<GroupStats, DbErr> {
+fn figures(row: &QueryResult, now_ms: i64) -> std::result::Result<OutboxStats, DbErr> {
     let oldest: Option<i64> = row.try_get("", "oldest")?;
-    Ok(GroupStats {
-        name: row.try_get("", "name")?,
+    Ok(OutboxStats {
         pending: count(row, "pending")?,
         dead: count(row, "dead")?,
         oldest_pending_seconds: oldest

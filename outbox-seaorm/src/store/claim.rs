@@ -21,7 +21,8 @@ use std::collections::{HashMap, HashSet};
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, QueryResult};
 
-use outbox_runtime::{ClaimRequest, DeadLetterPolicy, EventId, Headers, OutboxEvent};
+use outbox_runtime::store::ClaimRequest;
+use outbox_runtime::{DeadLetterPolicy, EventId, Headers, OutboxEvent};
 
 use super::hints::Hint;
 use crate::sql::{KeyedSelect, Sql};
@@ -473,5 +474,5 @@ fn decode_row(row: &QueryResult, backend: DbBackend) -> Result<OutboxEvent, Unde
 
 /// `text` cut to fit a message, on one line.
 fn one_line(text: &str) -> String {
-    outbox_runtime::one_line(&outbox_runtime::truncate(text, 80))
+    outbox_runtime::__support::one_line(&outbox_runtime::__support::truncate(text, 80))
 }

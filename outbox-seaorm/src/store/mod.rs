@@ -1,5 +1,6 @@
-//! The relay's store on SeaORM: claim, mark, stats, cleanup and replay on PostgreSQL, MySQL/MariaDB and
-//! SQLite.
+//! The store on SeaORM, for PostgreSQL, MySQL/MariaDB and SQLite: claim and mark for the relay
+//! (`OutboxStore`), backlog figures and cleanup for the service's maintenance tasks (`MaintenanceStore`,
+//! through the same queries as [`admin`](crate::admin)).
 //!
 //! A claim takes *runs* (an aggregate's oldest unpublished event and the due events after it) through the
 //! `outbox_aggregates` table, so its cost depends on the batch, not on the backlog: see [`claim`] for the
@@ -13,16 +14,19 @@ mod hints;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::{Alias, CaseStatement, Expr, ExprTrait, Query, UpdateStatement};
+use sea_orm::sea_query::{CaseStatement, Expr, ExprTrait, Query, UpdateStatement};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, SqliteTransactionMode,
     TransactionOptions, TransactionTrait,
 };
 use uuid::Uuid;
 
-use outbox_runtime::{
-    BatchOutcome, ClaimMode, ClaimRequest, ClaimedBatch, DeadLetterPolicy, MarkReport, OutboxEvent, OutboxStats,
-    OutboxStore, StoreLock,
+use outbox_runtime::{ClaimMode, DeadLetterPolicy, OutboxEvent};
+
+/// The store contract (the runtime's `store` module), beside its implementation on SeaORM.
+pub use outbox_runtime::store::{
+    BatchOutcome, ClaimRequest, ClaimedBatch, Failure, MaintenanceStore, MarkReport, OutboxStats, OutboxStore,
+    StoreLock,
 };
 
 use crate::admin::{self, CleanupTable};
@@ -190,35 +194,11 @@ impl OutboxStore for SeaOrmStore {
     fn claims_block_writers(&self) -> bool {
         self.backend() == DbBackend::Sqlite
     }
+}
 
+impl MaintenanceStore for SeaOrmStore {
     async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats> {
-        let mut query = Query::select();
-        query
-            .expr_as(Expr::cust("COUNT(CASE WHEN dead_at_ms IS NULL THEN 1 END)"), Alias::new("pending"))
-            .expr_as(Expr::cust("COUNT(CASE WHEN dead_at_ms IS NOT NULL THEN 1 END)"), Alias::new("dead"))
-            .expr_as(Expr::cust("MIN(CASE WHEN dead_at_ms IS NULL THEN created_at_ms END)"), Alias::new("oldest"))
-            .expr_as(Expr::cust("COALESCE(MAX(attempts), 0)"), Alias::new("max_attempts"))
-            .from(Entity)
-            .and_where(Expr::col(Column::PublishedAtMs).is_null());
-        let row = self.db.query_one(&query).await.map_err(self.err("read stats"))?;
-        let Some(row) = row else { return Ok(OutboxStats::default()) };
-        let get_i64 = |name: &str| -> std::result::Result<i64, DbErr> {
-            row.try_get::<Option<i64>>("", name).map(Option::unwrap_or_default)
-        };
-        let read = || -> std::result::Result<OutboxStats, DbErr> {
-            let oldest = row.try_get::<Option<i64>>("", "oldest")?;
-            Ok(OutboxStats {
-                pending: get_i64("pending")? as u64,
-                dead: get_i64("dead")? as u64,
-                oldest_pending_seconds: oldest
-                    .map(|created| Ord::max(now.timestamp_millis().saturating_sub(created), 0) as u64 / 1000)
-                    .unwrap_or(0),
-                max_attempts: get_i64("max_attempts")
-                    .or_else(|_| row.try_get::<i32>("", "max_attempts").map(i64::from))?
-                    as i32,
-            })
-        };
-        read().map_err(self.err("decode stats"))
+        admin::totals(&self.db, now.timestamp_millis()).await.map_err(self.err("read stats"))
     }
 
     async fn cleanup(&self, now: DateTime<Utc>, retention: Duration, batch: u32) -> Result<u64> {
@@ -247,10 +227,6 @@ impl OutboxStore for SeaOrmStore {
             .map_err(self.err("delete old rows (CDC mode)"))?;
         tracing::debug!(deleted, "outbox cleanup by age (CDC mode) done");
         Ok(deleted)
-    }
-
-    async fn replay_dead(&self, now: DateTime<Utc>) -> Result<u64> {
-        admin::replay_matching(&self.db, &admin::DeadFilter::default(), now).await
     }
 
     async fn cleanup_inbox(&self, now: DateTime<Utc>, retention: Duration, batch: u32) -> Result<u64> {
@@ -379,7 +355,7 @@ fn keep_held(
 }
 
 fn truncate(message: &str) -> String {
-    outbox_runtime::truncate(message, MAX_ERROR_BYTES + '…'.len_utf8())
+    outbox_runtime::__support::truncate(message, MAX_ERROR_BYTES + '…'.len_utf8())
 }
 
 async fn mark<C: ConnectionTrait>(conn: &C, outcome: BatchOutcome) -> std::result::Result<MarkReport, DbErr> {

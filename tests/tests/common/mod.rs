@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_integration_tests::TestDb;
-use outbox_seaorm::entity::{inbox_message, outbox_event};
+#[allow(unused_imports)]
+pub use outbox_integration_tests::{count_inbox, outbox_row};
+use outbox_seaorm::entity::outbox_event;
 use outbox_seaorm::{Backoff, EventId, NewEvent, OutboxEvent, RelayConfig};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, Statement, TransactionTrait,
@@ -53,16 +55,6 @@ pub async fn outbox_rows(t: &TestDb) -> Vec<outbox_event::Model> {
         .unwrap_or_else(|e| panic!("{t}: read outbox rows: {e}"))
 }
 
-/// The outbox row of event `id`.
-pub async fn outbox_row(t: &TestDb, id: EventId) -> outbox_event::Model {
-    outbox_event::Entity::find()
-        .filter(outbox_event::Column::EventId.eq(id.to_string()))
-        .one(&t.db)
-        .await
-        .unwrap_or_else(|e| panic!("{t}: read outbox row {id}: {e}"))
-        .unwrap_or_else(|| panic!("{t}: no outbox row for {id}"))
-}
-
 /// Rows in `outbox_events`.
 pub async fn count_outbox(t: &TestDb) -> u64 {
     outbox_event::Entity::find().count(&t.db).await.unwrap_or_else(|e| panic!("{t}: count outbox rows: {e}"))
@@ -84,15 +76,6 @@ pub async fn count_unpublished(t: &TestDb) -> u64 {
         .count(&t.db)
         .await
         .unwrap_or_else(|e| panic!("{t}: count unpublished rows: {e}"))
-}
-
-/// Rows in `inbox_messages` for `consumer`.
-pub async fn count_inbox(t: &TestDb, consumer: &str) -> u64 {
-    inbox_message::Entity::find()
-        .filter(inbox_message::Column::Consumer.eq(consumer))
-        .count(&t.db)
-        .await
-        .unwrap_or_else(|e| panic!("{t}: count inbox rows: {e}"))
 }
 
 /// `SELECT COUNT(*)` of any table, e.g. the test's own business tables.
@@ -188,4 +171,11 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
     }
+}
+
+/// Replays every dead event of the relay's database (due at the wall clock), as `outbox dead replay --all`.
+pub async fn replay_all<P: outbox_seaorm::Publisher>(
+    relay: &outbox_seaorm::Relay<outbox_seaorm::SeaOrmStore, P>,
+) -> outbox_seaorm::Result<u64> {
+    outbox_seaorm::admin::replay_dead(relay.store().connection(), &outbox_seaorm::admin::DeadFilter::all()).await
 }

@@ -22,7 +22,7 @@
 //! | `Delivery::deliveries` | always 1: Kafka does not count deliveries, so after a restart the driver's count towards `max_deliveries` starts again |
 //! | `Delivery::origin` | the topic the message was read from |
 //!
-//! [`KafkaTransport::replay_dead_letters`] reads the dead-letter topics as consumer group
+//! `replay_dead_letters` ([`DeadLetters`](crate::consume::DeadLetters)) reads the dead-letter topics as consumer group
 //! `<group>.replay` ([`REPLAY_GROUP_SUFFIX`]), produces each letter back to its origin topic with the
 //! original key and headers, and commits the replay group past it after the delivery report.
 //!
@@ -57,6 +57,7 @@
 //! ```no_run
 //! # async fn demo() -> outbox_runtime::Result<()> {
 //! use outbox_runtime::brokers::kafka::{KafkaPublisher, KafkaTransport, Subscription, default_destination};
+//! use outbox_runtime::consume::DeadLetters as _;
 //! use outbox_runtime::{CancellationToken, Consumer};
 //!
 //! let publisher = KafkaPublisher::connect("kafka://127.0.0.1:9092", default_destination(), &[])?;

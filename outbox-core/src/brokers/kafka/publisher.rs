@@ -89,11 +89,17 @@ impl KafkaPublisher {
         self.producer.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// After a fatal error (possible with the idempotent producer) the producer refuses everything:
-    /// replace it so the relay's next pass can publish again.
-    fn replace_if_fatal(&self, producer: &FutureProducer<KafkaContext>) {
-        let Some((code, reason)) = producer.client().fatal_error() else { return };
-        tracing::error!(messaging.system = "kafka", ?code, reason, "Kafka producer hit a fatal error; recreating it");
+    /// After a fatal error (possible with the idempotent producer), or an error about the producer's own
+    /// identity (`fenced`: fenced, unknown id, stale epoch, lost sequence, which an outage can leave behind),
+    /// the producer refuses every later record: replace it, so the relay's next pass publishes again with a
+    /// new producer id. The records of the failed pass stay pending and are retried.
+    fn replace_if_broken(&self, producer: &FutureProducer<KafkaContext>, fenced: Option<RDKafkaErrorCode>) {
+        let (code, reason) = match (producer.client().fatal_error(), fenced) {
+            (Some((code, reason)), _) => (code, reason),
+            (None, Some(code)) => (code, "the broker refused the producer's id or epoch".to_owned()),
+            (None, None) => return,
+        };
+        tracing::error!(messaging.system = "kafka", ?code, reason, "Kafka producer is unusable; recreating it");
         match create::<FutureProducer<KafkaContext>>(&self.config, "producer") {
             Ok(fresh) => *self.producer.lock().unwrap_or_else(PoisonError::into_inner) = fresh,
             Err(error) => tracing::error!(messaging.system = "kafka", %error, "could not recreate the Kafka producer"),
@@ -137,6 +143,19 @@ impl KafkaPublisher {
             )),
         }
     }
+}
+
+/// The broker refused the producer itself (its id, epoch or sequence), not the record: only a new producer
+/// gets past it.
+fn is_producer_state(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+            | RDKafkaErrorCode::UnknownProducerId
+            | RDKafkaErrorCode::OutOfOrderSequenceNumber
+            | RDKafkaErrorCode::InvalidProducerIdMapping
+    )
 }
 
 /// The message is over a size limit of the producer, broker or topic.
@@ -205,6 +224,7 @@ impl Publisher for KafkaPublisher {
             pending.push((topic, sent));
         }
         let mut results = Vec::with_capacity(events.len());
+        let mut fenced = None;
         for (event, (topic, sent)) in events.iter().zip(pending) {
             let result = match sent {
                 Err(error) => Err(error),
@@ -220,7 +240,10 @@ impl Publisher for KafkaPublisher {
                         );
                         Ok(())
                     }
-                    Ok(Err((error, _))) => Err(self.failure(&error, event, &topic)),
+                    Ok(Err((error, _))) => {
+                        fenced = fenced.or(error.rdkafka_error_code().filter(|code| is_producer_state(*code)));
+                        Err(self.failure(&error, event, &topic))
+                    }
                     Err(_) => Err(PublishError::transient(format!(
                         "the Kafka producer went away before event {} was acknowledged",
                         event.id
@@ -239,7 +262,7 @@ impl Publisher for KafkaPublisher {
             }
             results.push(result);
         }
-        self.replace_if_fatal(&producer);
+        self.replace_if_broken(&producer, fenced);
         results
     }
 }

@@ -22,23 +22,6 @@ use crate::error::{Error, Result};
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl KafkaTransport {
-    /// Moves up to `max` dead letters back to their origin topic (the `outbox_dead_origin` header) with
-    /// their original key, payload and headers (dead-letter headers stripped), and returns how many moved.
-    ///
-    /// It reads the dead-letter topic of every subscribed topic as consumer group `<group>.replay`
-    /// ([`REPLAY_GROUP_SUFFIX`]), from that group's committed offset up to the end seen when it started;
-    /// each letter is produced to its origin and the replay group's offset is committed past it only after
-    /// the delivery report (per partition, once its letters are handled). Kafka never deletes a record:
-    /// "removed from the dead-letter topic" means past the replay group's commit; the record stays readable
-    /// by other groups until retention drops it. A letter without a valid origin is appended again to its
-    /// dead-letter topic (logged) and so stays. A broker failure is an `Err`; the partitions handled before
-    /// it stay handled, the letters of the one in hand are replayed again by the next replay (the inbox
-    /// absorbs the copies). The same walk, with a filter, is [`DeadLetters`].
-    pub async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
-        let outcome = self.dead_letters(&DeadLetterFilter::all(), DeadLetterAction::Replay, max).await?;
-        Ok(outcome.letters.len() as u64)
-    }
-
     /// The [`DeadLetters`] walk. Kafka cannot delete one record, so a letter leaves the dead-letter topic
     /// when the replay group `<group>.replay` commits past it: the records past the group's commit are read
     /// (up to the end seen at the start), then, per partition, every record up to the last selected one is
@@ -274,6 +257,19 @@ fn pending_partitions(reader: &StreamConsumer<KafkaContext>, topics: &[String]) 
     Ok(pending)
 }
 
+/// [`DeadLetters::replay_dead_letters`] moves up to `max` dead letters back to their origin topic (the
+/// `outbox_dead_origin` header) with their original key, payload and headers (dead-letter headers stripped), and
+/// returns how many moved.
+///
+/// It reads the dead-letter topic of every subscribed topic as consumer group `<group>.replay`
+/// ([`REPLAY_GROUP_SUFFIX`]), from that group's committed offset up to the end seen when it started;
+/// each letter is produced to its origin and the replay group's offset is committed past it only after
+/// the delivery report (per partition, once its letters are handled). Kafka never deletes a record:
+/// "removed from the dead-letter topic" means past the replay group's commit; the record stays readable
+/// by other groups until retention drops it. A letter without a valid origin is appended again to its
+/// dead-letter topic (logged) and so stays. A broker failure is an `Err`; the partitions handled before
+/// it stay handled, the letters of the one in hand are replayed again by the next replay (the inbox
+/// absorbs the copies). The same walk, with a filter, is [`DeadLetters`].
 impl DeadLetters for KafkaTransport {
     fn dead_letter_broker(&self) -> &'static str {
         BROKER

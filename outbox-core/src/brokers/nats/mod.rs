@@ -6,6 +6,7 @@
 //! ```no_run
 //! # async fn demo() -> outbox_runtime::Result<()> {
 //! use outbox_runtime::brokers::nats::{NatsPublisher, NatsTransport};
+//! use outbox_runtime::consume::DeadLetters as _;
 //! use outbox_runtime::{CancellationToken, Consumer, Destination};
 //!
 //! let publisher =
@@ -48,7 +49,6 @@
 //! | `fetch` | one pull request (`max` messages, expires after `wait`): the server answers at once with what is ready, or with the first message to arrive, or with nothing; [`Delivery::origin`](crate::consume::Delivery::origin) is the subject, `deliveries` the server's delivered count |
 //! | `ack` | `+ACK` sent as a request: `Ok` only once the server confirmed it (double ack) |
 //! | `release` | `-NAK`: redelivered at once, ahead of newer messages |
-//! | `keep_alive` | `+WPI` (progress): restarts the message's `ack_wait` |
 //! | `dead_letter` | publish to the dead-letter subject, `Ok` once the dead-letter stream's `PubAck` arrived |
 //!
 //! The durable consumer is created with explicit acks (an existing one with another ack policy is refused:
@@ -81,7 +81,7 @@
 //! `PubAck` is stored once. A reason too long to fit the server's `max_payload` next to the payload is
 //! shortened; a message that cannot fit even then stays unacked (the driver retries, logging each time).
 //!
-//! [`NatsTransport::replay_dead_letters`] moves dead letters back (see there).
+//! `replay_dead_letters` ([`DeadLetters`](crate::consume::DeadLetters)) moves dead letters back (see there).
 //!
 //! # Order per aggregate
 //!

@@ -17,27 +17,6 @@ use super::headers::{CONTROL_HEADER_PREFIX, header_map, headers_of};
 use super::transport::NatsTransport;
 
 impl NatsTransport {
-    /// Moves up to `max` dead letters of this durable (those on [`dead_letter_subject`](Self::dead_letter_subject),
-    /// oldest first) back to the subject each was first published to, with its original headers (the
-    /// dead-letter headers stripped), and deletes each from the dead-letter stream only after the consumed
-    /// stream acknowledged the republish. Returns how many moved.
-    ///
-    /// The republish carries a new `Nats-Msg-Id` (`outbox-replay:<dead stream>:<dead sequence>`), never
-    /// the original one: within the stream's duplicate window the original id would make JetStream drop
-    /// the republish silently. A replay retried after a lost acknowledgement is thus deduplicated, and an
-    /// event applied already is absorbed by the inbox. A replayed message is a new message of the stream:
-    /// every durable consumer of the stream receives it again (their inboxes absorb it), and it comes after
-    /// later events of its aggregate.
-    ///
-    /// A message on the dead-letter subject without an `outbox_dead_origin` header, or whose origin is
-    /// not a valid subject, is left in place with a warning. A failure stops the replay with an
-    /// [`Error::Broker`]; what moved before it stays moved, and a dead letter is never deleted unless its
-    /// republish was acknowledged.
-    pub async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
-        let outcome = self.dead_letters(&DeadLetterFilter::all(), DeadLetterAction::Replay, max).await?;
-        Ok(outcome.letters.len() as u64)
-    }
-
     /// The [`DeadLetters`] walk: every message on the dead-letter subject, by sequence.
     async fn walk_dead_letters(
         &self,
@@ -164,6 +143,22 @@ impl NatsTransport {
     }
 }
 
+/// [`DeadLetters::replay_dead_letters`] moves up to `max` dead letters of this durable (those on
+/// [`dead_letter_subject`](Self::dead_letter_subject), oldest first) back to the subject each was first published
+/// to, with its original headers (the dead-letter headers stripped), and deletes each from the dead-letter stream
+/// only after the consumed stream acknowledged the republish. Returns how many moved.
+///
+/// The republish carries a new `Nats-Msg-Id` (`outbox-replay:<dead stream>:<dead sequence>`), never
+/// the original one: within the stream's duplicate window the original id would make JetStream drop
+/// the republish silently. A replay retried after a lost acknowledgement is thus deduplicated, and an
+/// event applied already is absorbed by the inbox. A replayed message is a new message of the stream:
+/// every durable consumer of the stream receives it again (their inboxes absorb it), and it comes after
+/// later events of its aggregate.
+///
+/// A message on the dead-letter subject without an `outbox_dead_origin` header, or whose origin is
+/// not a valid subject, is left in place with a warning. A failure stops the replay with an
+/// [`Error::Broker`]; what moved before it stays moved, and a dead letter is never deleted unless its
+/// republish was acknowledged.
 impl DeadLetters for NatsTransport {
     fn dead_letter_broker(&self) -> &'static str {
         BROKER

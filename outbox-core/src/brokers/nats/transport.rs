@@ -13,7 +13,7 @@ use futures_util::StreamExt as _;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::consume::held::HeldSet;
+use crate::consume::held::{HeldSet, KeepAlive, keep_held_alive};
 use crate::consume::{DeadLetter, Delivery, Transport, dead_header};
 use crate::error::{Error, Result};
 use crate::text::{one_line, truncate};
@@ -392,20 +392,20 @@ async fn ensure_dead_letter_stream(jetstream: &jetstream::Context, name: &str, s
     Ok(())
 }
 
-/// Sends a progress ack for every held message not kept alive in the last `every`, until `stop`.
-async fn keep_held_alive(shared: Arc<Shared>, every: Duration, stop: CancellationToken) {
-    let tick = every / 2;
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(tick) => {}
+impl KeepAlive for Shared {
+    type Key = u64;
+    type Value = Subject;
+
+    fn held(&self) -> &HeldSet<u64, Subject> {
+        &self.held
+    }
+
+    /// `+WPI` (work in progress) to each: the server restarts the message's `ack_wait`.
+    async fn keep_alive(&self, due: Vec<(u64, Subject)>) -> Result<(), String> {
+        for (_, reply) in due {
+            self.client.publish(reply, "+WPI".into()).await.map_err(|e| format!("progress ack: {e}"))?;
         }
-        for (_, reply) in shared.held.due(every) {
-            if let Err(error) = shared.client.publish(reply, "+WPI".into()).await {
-                tracing::debug!(%error, "progress ack failed; the server may redeliver a held message (the inbox absorbs it)");
-                break;
-            }
-        }
+        Ok(())
     }
 }
 
@@ -526,20 +526,6 @@ impl Transport for NatsTransport {
             .map_err(|_| Error::broker(BROKER, what(), "no PubAck in time"))??;
         tracing::debug!(dead_letter_sequence = ack.sequence, duplicate = ack.duplicate, "dead letter stored");
         Ok(())
-    }
-
-    fn keep_alive_every(&self) -> Option<Duration> {
-        Some(self.ack_wait / 3)
-    }
-
-    /// `+WPI` (work in progress): the server restarts the message's `ack_wait`.
-    async fn keep_alive(&self, receipt: &NatsReceipt) -> Result<()> {
-        self.shared.held.touch(&receipt.key);
-        self.shared
-            .client
-            .publish(receipt.reply.clone(), "+WPI".into())
-            .await
-            .map_err(|e| Error::broker(BROKER, self.what("keep alive", receipt), e))
     }
 }
 

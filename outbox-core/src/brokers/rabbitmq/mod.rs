@@ -25,7 +25,7 @@
 //! | `Delivery::deliveries` | `x-delivery-count` + 1 when the header is there (quorum queues count earlier returned deliveries), else 2 when `redelivered`, else 1 |
 //! | `Delivery::origin` | the exchange and routing key the message was published with, as `<exchange>/<routing key>` ([`encode_origin`]; the default exchange is empty: `/billing`) |
 //!
-//! [`RabbitTransport::replay_dead_letters`] moves dead letters back: `basic.get` from the dead-letter
+//! `replay_dead_letters` ([`DeadLetters`](crate::consume::DeadLetters)) moves dead letters back: `basic.get` from the dead-letter
 //! queue, republish to the origin exchange and routing key with a confirm, then ack the dead letter.
 //!
 //! **Order under retries.** With one consumer on a queue, RabbitMQ delivers in queue order and the driver
@@ -54,6 +54,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> outbox_runtime::Result<()> {
+//! use outbox_runtime::consume::DeadLetters as _;
 //! use outbox_runtime::{CancellationToken, Consumer, Destination};
 //! use outbox_runtime::brokers::rabbitmq::{DEFAULT_ROUTING_KEY, RabbitPublisher, RabbitTransport};
 //! let url = "amqp://guest:guest@127.0.0.1:5672/%2f";

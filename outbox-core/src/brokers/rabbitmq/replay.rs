@@ -15,20 +15,6 @@ use crate::error::{Error, Result};
 use crate::text::one_line;
 
 impl RabbitTransport {
-    /// Moves up to `max` dead letters from the dead-letter queue back to the exchange and routing key they
-    /// were first published with ([`encode_origin`](super::encode_origin) in the
-    /// `outbox_dead_origin` header), with their original headers (dead-letter headers stripped) and
-    /// properties. Each is `basic.get` from the dead-letter queue, republished with a publisher confirm
-    /// (mandatory), and acked in the dead-letter queue only after that confirm; returns how many moved.
-    ///
-    /// A dead letter without a readable origin, or whose origin no longer routes anywhere (RabbitMQ
-    /// returns it), stays in the dead-letter queue (logged). A broker failure is an `Err`; the letters
-    /// moved before it stay moved, the one in hand stays in the dead-letter queue.
-    pub async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
-        let outcome = self.dead_letters(&DeadLetterFilter::all(), DeadLetterAction::Replay, max).await?;
-        Ok(outcome.letters.len() as u64)
-    }
-
     /// The [`DeadLetters`] walk on a channel of its own: every letter is taken with `basic.get`; a replayed
     /// or discarded one is acked (a replayed one after its republish was confirmed), and closing the
     /// channel hands every other one back to the dead-letter queue, in its place.
@@ -156,6 +142,15 @@ fn letter_id(headers: &BTreeMap<String, String>, payload: &[u8]) -> String {
     format!("r{hash:016x}")
 }
 
+/// [`DeadLetters::replay_dead_letters`] moves up to `max` dead letters from the dead-letter queue back to the
+/// exchange and routing key they were first published with ([`encode_origin`](super::encode_origin) in the
+/// `outbox_dead_origin` header), with their original headers (dead-letter headers stripped) and properties. Each is
+/// `basic.get` from the dead-letter queue, republished with a publisher confirm (mandatory), and acked in the
+/// dead-letter queue only after that confirm; returns how many moved.
+///
+/// A dead letter without a readable origin, or whose origin no longer routes anywhere (RabbitMQ
+/// returns it), stays in the dead-letter queue (logged). A broker failure is an `Err`; the letters
+/// moved before it stay moved, the one in hand stays in the dead-letter queue.
 impl DeadLetters for RabbitTransport {
     fn dead_letter_broker(&self) -> &'static str {
         BROKER

@@ -5,6 +5,7 @@
 //! ```no_run
 //! # async fn demo() -> outbox_runtime::Result<()> {
 //! use outbox_runtime::brokers::redis::{RedisPublisher, RedisTransport};
+//! use outbox_runtime::consume::DeadLetters as _;
 //! use outbox_runtime::{CancellationToken, Consumer, Destination};
 //!
 //! let publisher =
@@ -47,7 +48,6 @@
 //! | `fetch` | first this consumer's own pending entries (`XREADGROUP ... 0`: at start, after a release or an error), then entries of the group idle past [`min_idle`](RedisTransportConfig::min_idle) (`XAUTOCLAIM`, every `reclaim_interval`), then new entries (`XREADGROUP ... >` with `BLOCK`, on a connection of its own); [`Delivery::origin`](crate::consume::Delivery::origin) is the stream, `deliveries` the group's delivery count (`XPENDING`; 1 for a new entry) |
 //! | `ack` | `XACK` of that entry id alone |
 //! | `release` | nothing: the entry stays pending in this consumer's name; it comes back on this transport's next fetch, when this consumer restarts (same consumer name), or to another consumer of the group after `min_idle` |
-//! | `keep_alive` | `XCLAIM <stream> <group> <me> 0 <id> JUSTID`: resets the entry's idle time without counting a delivery |
 //! | `dead_letter` | `XADD` to the dead-letter stream, `Ok` once Redis answered with the new entry id |
 //!
 //! **Held entries stay alive.** Every entry the transport handed out and that is not acked or released
@@ -70,7 +70,7 @@
 //! are not UTF-8 (no outbox publisher writes one) cannot be handed to the driver as headers: the transport
 //! dead-letters it itself, with its raw fields, and acks it once the `XADD` succeeded.
 //!
-//! [`RedisTransport::replay_dead_letters`] moves dead letters back (see there).
+//! `replay_dead_letters` ([`DeadLetters`](crate::consume::DeadLetters)) moves dead letters back (see there).
 //!
 //! # Order per aggregate
 //!

@@ -20,26 +20,6 @@ use super::transport::RedisTransport;
 const PAGE: usize = 100;
 
 impl RedisTransport {
-    /// Moves up to `max` dead letters (oldest first) from [`dead_letter_stream`](Self::dead_letter_stream)
-    /// back to the stream each was first appended to (its `outbox_dead_origin` field), with its original
-    /// fields (every `outbox_dead_*` field stripped), and deletes each from the dead-letter stream
-    /// (`XDEL`) only after Redis answered the `XADD` to the origin with the new entry's id. Returns how many
-    /// moved.
-    ///
-    /// The dead-letter stream is shared by every group of the stream (unless configured otherwise), and
-    /// this replays them all. A replayed entry is a new entry at the end of its stream: every consumer
-    /// group of the stream receives it again (their inboxes absorb what they applied already), after later
-    /// events of its aggregate. Two replays running at once can both move an entry; the inbox absorbs the
-    /// copy.
-    ///
-    /// An entry without an origin, or whose origin is not a valid stream key, is left in place with a
-    /// warning. A failure stops the replay with an [`Error::Broker`]; what moved before it stays moved,
-    /// and a dead letter is never deleted unless its copy was appended.
-    pub async fn replay_dead_letters(&self, max: usize) -> Result<u64> {
-        let outcome = self.dead_letters(&DeadLetterFilter::all(), DeadLetterAction::Replay, max).await?;
-        Ok(outcome.letters.len() as u64)
-    }
-
     /// The [`DeadLetters`] walk: the dead-letter stream by `XRANGE`, oldest first.
     async fn walk_dead_letters(
         &self,
@@ -170,6 +150,21 @@ fn lossy_split(fields: &[(Vec<u8>, Vec<u8>)]) -> (BTreeMap<String, String>, Vec<
     (headers, payload)
 }
 
+/// [`DeadLetters::replay_dead_letters`] moves up to `max` dead letters (oldest first) from
+/// [`dead_letter_stream`](Self::dead_letter_stream) back to the stream each was first appended to (its
+/// `outbox_dead_origin` field), with its original fields (every `outbox_dead_*` field stripped), and deletes each
+/// from the dead-letter stream (`XDEL`) only after Redis answered the `XADD` to the origin with the new entry's id.
+/// Returns how many moved.
+///
+/// The dead-letter stream is shared by every group of the stream (unless configured otherwise), and
+/// this replays them all. A replayed entry is a new entry at the end of its stream: every consumer
+/// group of the stream receives it again (their inboxes absorb what they applied already), after later
+/// events of its aggregate. Two replays running at once can both move an entry; the inbox absorbs the
+/// copy.
+///
+/// An entry without an origin, or whose origin is not a valid stream key, is left in place with a
+/// warning. A failure stops the replay with an [`Error::Broker`]; what moved before it stays moved,
+/// and a dead letter is never deleted unless its copy was appended.
 impl DeadLetters for RedisTransport {
     fn dead_letter_broker(&self) -> &'static str {
         BROKER

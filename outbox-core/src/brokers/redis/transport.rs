@@ -8,7 +8,7 @@ use ::redis::{Cmd, RedisError, Value};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::consume::held::HeldSet;
+use crate::consume::held::{HeldSet, KeepAlive, keep_held_alive};
 use crate::consume::{DeadLetter, Delivery, Transport, dead_header};
 use crate::error::{Error, Result};
 use crate::text::one_line;
@@ -436,21 +436,21 @@ async fn ensure_group(shared: &Shared) -> Result<(), RedisError> {
     }
 }
 
-/// Resets the idle time of every held entry not reset in the last `every`, until `stop`.
-async fn keep_held_alive(shared: Arc<Shared>, every: Duration, stop: CancellationToken) {
-    let tick = every / 2;
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(tick) => {}
+impl KeepAlive for Shared {
+    type Key = String;
+    type Value = ();
+
+    fn held(&self) -> &HeldSet<String, ()> {
+        &self.held
+    }
+
+    /// Resets the idle time of the `due` entries, [`CLAIM_CHUNK`] per `XCLAIM`.
+    async fn keep_alive(&self, due: Vec<(String, ())>) -> Result<(), String> {
+        let ids: Vec<String> = due.into_iter().map(|(id, ())| id).collect();
+        for chunk in ids.chunks(CLAIM_CHUNK) {
+            self.reset_idle(chunk).await.map_err(|e| format!("XCLAIM … JUSTID: {e}"))?;
         }
-        let due: Vec<String> = shared.held.due(every).into_iter().map(|(id, ())| id).collect();
-        for ids in due.chunks(CLAIM_CHUNK) {
-            if let Err(error) = shared.reset_idle(ids).await {
-                tracing::debug!(%error, "resetting the idle time of held entries failed; another consumer may claim them after min_idle (the inbox absorbs it)");
-                break;
-            }
-        }
+        Ok(())
     }
 }
 
@@ -527,19 +527,5 @@ impl Transport for RedisTransport {
             fields.push((PAYLOAD_FIELD.into(), delivery.payload.clone()));
         }
         self.append_dead(&receipt.id, fields).await
-    }
-
-    fn keep_alive_every(&self) -> Option<Duration> {
-        Some(self.config.min_idle / 3)
-    }
-
-    /// `XCLAIM ... 0 <id> JUSTID` to this consumer: resets the entry's idle time without counting a
-    /// delivery.
-    async fn keep_alive(&self, receipt: &RedisReceipt) -> Result<()> {
-        self.shared.held.touch(&receipt.id);
-        self.shared
-            .reset_idle(std::slice::from_ref(&receipt.id))
-            .await
-            .map_err(|e| self.redis_error(&format!("keep entry {} alive", receipt.id), e))
     }
 }
