@@ -118,9 +118,9 @@ pub trait OutboxStore: Send + Sync {
     /// ones aside under [`DeadLetterPolicy::SkipDead`]).
     fn claim(&self, request: ClaimRequest) -> impl Future<Output = Result<Self::Batch>> + Send;
 
-    /// Whether a [`ClaimMode::Transaction`](crate::ClaimMode::Transaction) claim keeps the app's own
+    /// Whether a [`ClaimMode::Transaction`] claim keeps the app's own
     /// writes waiting while the broker answers (SQLite: its transaction holds the only write lock). Then
-    /// [`ClaimMode::Auto`](crate::ClaimMode::Auto) leases instead. Default `false`.
+    /// [`ClaimMode::Auto`] leases instead. Default `false`.
     fn claims_block_writers(&self) -> bool {
         false
     }

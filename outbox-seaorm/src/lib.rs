@@ -112,7 +112,7 @@ pub use error::InboxError;
 pub use inbox::{SeaOrmGroupCommit, handle_once};
 #[cfg(feature = "migrations")]
 pub use migration::{MIGRATE_LOCK_WAIT, Migrator, migrate, migrations};
-pub use store::{ClaimPlan, SeaOrmBatch, SeaOrmStore};
+pub use store::SeaOrmStore;
 pub use transaction::transaction;
 
 pub use outbox_macros::{idempotent_handler, transactional_outbox};

@@ -737,7 +737,11 @@ pub mod cases {
             if Instant::now() > deadline {
                 let dead = outbox_seaorm::admin::list_dead(&t.db, &outbox_seaorm::admin::DeadFilter::all(), 3).await;
                 let errors: Vec<_> = dead.into_iter().flatten().map(|row| row.last_error).collect();
-                panic!("{}: backlog {:?} 90 s after the outage; dead rows' errors: {errors:?}", F::NAME, backlog().await);
+                panic!(
+                    "{}: backlog {:?} 90 s after the outage; dead rows' errors: {errors:?}",
+                    F::NAME,
+                    backlog().await
+                );
             }
             if let Err(error) = relay.run_once().await {
                 eprintln!("{}: relay pass after the outage: {error}", F::NAME);

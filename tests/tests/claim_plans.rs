@@ -6,7 +6,8 @@ mod common;
 
 use common::{count_published, enqueue_committed, event, fast_config};
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::{ClaimPlan, DeadLetterPolicy, InMemoryPublisher, NewEvent, Relay, SeaOrmStore};
+use outbox_seaorm::store::ClaimPlan;
+use outbox_seaorm::{DeadLetterPolicy, InMemoryPublisher, NewEvent, Relay, SeaOrmStore};
 use sea_orm::{ConnectionTrait, DbBackend};
 
 const AGGREGATES: u64 = 200;

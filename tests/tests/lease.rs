@@ -9,10 +9,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use common::{CAP, after, enqueue_committed, event, fast_config, outbox_row};
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::store::{BatchOutcome, ClaimRequest, ClaimedBatch, Failure, OutboxStore};
+use outbox_seaorm::store::{BatchOutcome, ClaimRequest, ClaimedBatch, Failure, OutboxStore, SeaOrmBatch};
 use outbox_seaorm::{
     ClaimMode, DeadLetterPolicy, EventId, InMemoryPublisher, OutboxEvent, PublishError, Publisher, Relay, RelayPass,
-    SeaOrmBatch, SeaOrmStore,
+    SeaOrmStore,
 };
 
 const LEASE: Duration = Duration::from_secs(1);

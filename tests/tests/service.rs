@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use common::{count_outbox, count_published, count_unpublished, enqueue_committed, event, fast_config, outbox_rows};
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::store::{ClaimRequest, MaintenanceStore, OutboxStats, OutboxStore, StoreLock};
+use outbox_seaorm::store::{ClaimRequest, MaintenanceStore, OutboxStats, OutboxStore, SeaOrmBatch, StoreLock};
 use outbox_seaorm::{
     Backoff, ClaimMode, CleanupConfig, DeadLetterPolicy, Error, InMemoryPublisher, OutboxService, Relay, RelayConfig,
-    SeaOrmBatch, SeaOrmStore,
+    SeaOrmStore,
 };
 
 /// Polls `condition` every 10 ms until it holds or `within` passes; returns whether it held.

@@ -1,12 +1,13 @@
-//! The store on SeaORM, for PostgreSQL, MySQL/MariaDB and SQLite: claim and mark for the relay
-//! (`OutboxStore`), backlog figures and cleanup for the service's maintenance tasks (`MaintenanceStore`,
-//! through the same queries as [`admin`](crate::admin)).
+//! The store: the runtime's store contract ([`OutboxStore`], [`MaintenanceStore`] and their types) and its
+//! implementation on SeaORM, [`SeaOrmStore`], for PostgreSQL, MySQL/MariaDB and SQLite: claim and mark for
+//! the relay, backlog figures and cleanup for the service's maintenance tasks (through the same queries as
+//! [`admin`](mod@crate::admin)).
 //!
 //! A claim takes *runs* (an aggregate's oldest unpublished event and the due events after it) through the
-//! `outbox_aggregates` table, so its cost depends on the batch, not on the backlog: see [`claim`] for the
-//! statements and why an event is never published while an earlier one of its aggregate is unpublished.
-//! A mark records each outcome with set-based statements and writes back the aggregates' hints
-//! ([`hints`]).
+//! `outbox_aggregates` table, so its cost depends on the batch, not on the backlog (`store/claim.rs` has
+//! the statements and why an event is never published while an earlier one of its aggregate is
+//! unpublished). A mark records each outcome with set-based statements and writes back the aggregates'
+//! hints (`store/hints.rs`).
 
 mod claim;
 mod hints;
