@@ -22,95 +22,6 @@ use crate::error::{Error, Result};
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl KafkaTransport {
-    /// The [`DeadLetters`] walk. Kafka cannot delete one record, so a letter leaves the dead-letter topic
-    /// when the replay group `<group>.replay` commits past it: the records past the group's commit are read
-    /// (up to the end seen at the start), then, per partition, every record up to the last selected one is
-    /// handled in order: a selected one is replayed (produced to its origin, delivery report awaited) or
-    /// discarded; one not selected (or that cannot be replayed) is appended again to the end of its
-    /// dead-letter topic (delivery report awaited) so that it stays; only then is the commit moved past
-    /// them. Such a kept letter gets a new offset, hence a new id. A failure before the commit leaves every
-    /// record where it was (a letter replayed already is replayed again by the next walk, and the inbox
-    /// absorbs it; a kept one appended already is then there twice).
-    async fn walk_dead_letters(
-        &self,
-        filter: &DeadLetterFilter,
-        action: DeadLetterAction,
-        max: usize,
-    ) -> Result<DeadLetterOutcome> {
-        let now = chrono::Utc::now();
-        let content = action == DeadLetterAction::Show;
-        let (reader, records) = self.read_dead_letters().await?;
-        let mut outcome = DeadLetterOutcome::default();
-        let mut selected = 0usize;
-        // Per partition, in offset order: (record, entry, selected).
-        let mut partitions: BTreeMap<(String, i32), Vec<Walked>> = BTreeMap::new();
-        for record in records {
-            let text: BTreeMap<String, String> = record
-                .headers
-                .iter()
-                .filter_map(|(k, v)| Some((k.clone(), String::from_utf8(v.clone()?).ok()?)))
-                .collect();
-            let id = format!("{}/{}/{}", record.topic, record.partition, record.offset);
-            let entry = DeadLetterEntry::from_headers(id, &text, &record.payload, content);
-            let chosen = selected < max && filter.matches(&entry, now);
-            if chosen {
-                selected += 1;
-            }
-            partitions.entry((record.topic.clone(), record.partition)).or_default().push((record, entry, chosen));
-        }
-        if matches!(action, DeadLetterAction::List | DeadLetterAction::Show) {
-            outcome.letters =
-                partitions.into_values().flatten().filter(|(_, _, chosen)| *chosen).map(|(_, e, _)| e).collect();
-            return Ok(outcome);
-        }
-        for ((topic, partition), mut records) in partitions {
-            let Some(last) = records.iter().rposition(|(_, _, chosen)| *chosen) else { continue };
-            records.truncate(last + 1);
-            let offset = records[last].0.offset + 1;
-            let mut done = Vec::new();
-            for (record, entry, chosen) in records {
-                let what = format!("dead letter {} (after handling {})", entry.id, outcome.letters.len() + done.len());
-                let replayed = chosen && action == DeadLetterAction::Replay;
-                let origin = entry.origin.clone().filter(|o| validate_topic(o).is_ok());
-                match (chosen, replayed, origin) {
-                    (true, true, Some(origin)) => {
-                        self.produce(&origin, None, &record, true)
-                            .await
-                            .map_err(|e| Error::broker(BROKER, format!("replay {what} to {origin:?}"), e))?;
-                        done.push(entry);
-                    }
-                    (true, false, _) => done.push(entry),
-                    (chosen, _, _) => {
-                        if chosen {
-                            outcome.kept += 1;
-                            tracing::warn!(messaging.system = "kafka", dead_letter = %entry.id, "dead letter has no valid origin topic; kept (appended again to its dead-letter topic)");
-                        }
-                        self.produce(&topic, Some(partition), &record, false).await.map_err(|e| {
-                            Error::broker(BROKER, format!("keep {what}: append it again to {topic:?}"), e)
-                        })?;
-                    }
-                }
-            }
-            let mut past = TopicPartitionList::new();
-            past.add_partition_offset(&topic, partition, Offset::Offset(offset))
-                .map_err(|e| Error::broker(BROKER, format!("commit {topic}/{partition}"), e))?;
-            let committer = reader.clone();
-            tokio::task::spawn_blocking(move || committer.commit(&past, CommitMode::Sync))
-                .await
-                .map_err(|e| Error::broker(BROKER, format!("commit {topic}/{partition} up to offset {offset}"), e))?
-                .map_err(|e| Error::broker(BROKER, format!("commit {topic}/{partition} up to offset {offset}"), e))?;
-            outcome.letters.extend(done);
-        }
-        tracing::info!(
-            messaging.system = "kafka",
-            done = outcome.letters.len(),
-            kept = outcome.kept,
-            ?action,
-            "dead letters handled"
-        );
-        Ok(outcome)
-    }
-
     /// Produces `record` to `topic` (and `partition`, when given) with its key and payload, its dead-letter
     /// headers stripped when `strip` (a replay) and kept otherwise, and awaits the delivery report.
     async fn produce(
@@ -280,12 +191,92 @@ impl DeadLetters for KafkaTransport {
         format!("topics {topics:?} past the commit of group {:?}", format!("{}{REPLAY_GROUP_SUFFIX}", self.group))
     }
 
+    /// The [`DeadLetters`] walk. Kafka cannot delete one record, so a letter leaves the dead-letter topic
+    /// when the replay group `<group>.replay` commits past it: the records past the group's commit are read
+    /// (up to the end seen at the start), then, per partition, every record up to the last selected one is
+    /// handled in order: a selected one is replayed (produced to its origin, delivery report awaited) or
+    /// discarded; one not selected (or that cannot be replayed) is appended again to the end of its
+    /// dead-letter topic (delivery report awaited) so that it stays; only then is the commit moved past
+    /// them. Such a kept letter gets a new offset, hence a new id. A failure before the commit leaves every
+    /// record where it was (a letter replayed already is replayed again by the next walk, and the inbox
+    /// absorbs it; a kept one appended already is then there twice).
     async fn dead_letters(
         &self,
         filter: &DeadLetterFilter,
         action: DeadLetterAction,
         max: usize,
     ) -> Result<DeadLetterOutcome> {
-        self.walk_dead_letters(filter, action, max).await
+        let now = chrono::Utc::now();
+        let content = action == DeadLetterAction::Show;
+        let (reader, records) = self.read_dead_letters().await?;
+        let mut outcome = DeadLetterOutcome::default();
+        let mut selected = 0usize;
+        // Per partition, in offset order: (record, entry, selected).
+        let mut partitions: BTreeMap<(String, i32), Vec<Walked>> = BTreeMap::new();
+        for record in records {
+            let text: BTreeMap<String, String> = record
+                .headers
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), String::from_utf8(v.clone()?).ok()?)))
+                .collect();
+            let id = format!("{}/{}/{}", record.topic, record.partition, record.offset);
+            let entry = DeadLetterEntry::from_headers(id, &text, &record.payload, content);
+            let chosen = selected < max && filter.matches(&entry, now);
+            if chosen {
+                selected += 1;
+            }
+            partitions.entry((record.topic.clone(), record.partition)).or_default().push((record, entry, chosen));
+        }
+        if matches!(action, DeadLetterAction::List | DeadLetterAction::Show) {
+            outcome.letters =
+                partitions.into_values().flatten().filter(|(_, _, chosen)| *chosen).map(|(_, e, _)| e).collect();
+            return Ok(outcome);
+        }
+        for ((topic, partition), mut records) in partitions {
+            let Some(last) = records.iter().rposition(|(_, _, chosen)| *chosen) else { continue };
+            records.truncate(last + 1);
+            let offset = records[last].0.offset + 1;
+            let mut done = Vec::new();
+            for (record, entry, chosen) in records {
+                let what = format!("dead letter {} (after handling {})", entry.id, outcome.letters.len() + done.len());
+                let replayed = chosen && action == DeadLetterAction::Replay;
+                let origin = entry.origin.clone().filter(|o| validate_topic(o).is_ok());
+                match (chosen, replayed, origin) {
+                    (true, true, Some(origin)) => {
+                        self.produce(&origin, None, &record, true)
+                            .await
+                            .map_err(|e| Error::broker(BROKER, format!("replay {what} to {origin:?}"), e))?;
+                        done.push(entry);
+                    }
+                    (true, false, _) => done.push(entry),
+                    (chosen, _, _) => {
+                        if chosen {
+                            outcome.kept += 1;
+                            tracing::warn!(messaging.system = "kafka", dead_letter = %entry.id, "dead letter has no valid origin topic; kept (appended again to its dead-letter topic)");
+                        }
+                        self.produce(&topic, Some(partition), &record, false).await.map_err(|e| {
+                            Error::broker(BROKER, format!("keep {what}: append it again to {topic:?}"), e)
+                        })?;
+                    }
+                }
+            }
+            let mut past = TopicPartitionList::new();
+            past.add_partition_offset(&topic, partition, Offset::Offset(offset))
+                .map_err(|e| Error::broker(BROKER, format!("commit {topic}/{partition}"), e))?;
+            let committer = reader.clone();
+            tokio::task::spawn_blocking(move || committer.commit(&past, CommitMode::Sync))
+                .await
+                .map_err(|e| Error::broker(BROKER, format!("commit {topic}/{partition} up to offset {offset}"), e))?
+                .map_err(|e| Error::broker(BROKER, format!("commit {topic}/{partition} up to offset {offset}"), e))?;
+            outcome.letters.extend(done);
+        }
+        tracing::info!(
+            messaging.system = "kafka",
+            done = outcome.letters.len(),
+            kept = outcome.kept,
+            ?action,
+            "dead letters handled"
+        );
+        Ok(outcome)
     }
 }

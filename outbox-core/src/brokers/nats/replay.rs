@@ -17,57 +17,6 @@ use super::headers::{CONTROL_HEADER_PREFIX, header_map, headers_of};
 use super::transport::NatsTransport;
 
 impl NatsTransport {
-    /// The [`DeadLetters`] walk: every message on the dead-letter subject, by sequence.
-    async fn walk_dead_letters(
-        &self,
-        filter: &DeadLetterFilter,
-        action: DeadLetterAction,
-        max: usize,
-    ) -> Result<DeadLetterOutcome> {
-        let dead = match self.jetstream.get_stream_no_info(&self.dead_stream).await {
-            Ok(dead) => dead,
-            Err(error) if matches!(action, DeadLetterAction::List | DeadLetterAction::Show) => {
-                tracing::debug!(dead_letter_stream = %self.dead_stream, %error, "no dead-letter stream to read");
-                return Ok(DeadLetterOutcome::default());
-            }
-            Err(error) => {
-                return Err(Error::broker(BROKER, format!("find dead-letter stream {:?}", self.dead_stream), error));
-            }
-        };
-        let now = chrono::Utc::now();
-        let content = action == DeadLetterAction::Show;
-        let mut outcome = DeadLetterOutcome::default();
-        let mut selected = 0usize;
-        let mut next = 1u64;
-        while selected < max {
-            let done = outcome.letters.len();
-            let Some(letter) = self.read_dead(&dead, next, done).await? else { break };
-            next = letter.sequence + 1;
-            let headers = headers_of(Some(&letter.headers));
-            let entry = DeadLetterEntry::from_headers(letter.sequence.to_string(), &headers, &letter.payload, content);
-            if !filter.matches(&entry, now) {
-                continue;
-            }
-            selected += 1;
-            match action {
-                DeadLetterAction::List | DeadLetterAction::Show => {}
-                DeadLetterAction::Replay => {
-                    if !self.republish(&letter, &headers, done).await? {
-                        outcome.kept += 1;
-                        continue;
-                    }
-                    self.delete_dead(&dead, letter.sequence, done, "replayed").await?;
-                }
-                DeadLetterAction::Discard => self.delete_dead(&dead, letter.sequence, done, "discarded").await?,
-            }
-            outcome.letters.push(entry);
-        }
-        if matches!(action, DeadLetterAction::Replay | DeadLetterAction::Discard) && !outcome.letters.is_empty() {
-            tracing::info!(messaging.system = "nats", stream = %self.stream, dead_letter_stream = %self.dead_stream, done = outcome.letters.len(), kept = outcome.kept, ?action, "dead letters handled");
-        }
-        Ok(outcome)
-    }
-
     /// The first message on the dead-letter subject at or after sequence `from`, or `None`.
     async fn read_dead(&self, dead: &Stream<()>, from: u64, done: usize) -> Result<Option<StreamMessage>> {
         let context = |what: &str| format!("{what} (after handling {done})");
@@ -168,12 +117,54 @@ impl DeadLetters for NatsTransport {
         format!("subject {:?} of stream {:?}", self.dead_subject, self.dead_stream)
     }
 
+    /// The [`DeadLetters`] walk: every message on the dead-letter subject, by sequence.
     async fn dead_letters(
         &self,
         filter: &DeadLetterFilter,
         action: DeadLetterAction,
         max: usize,
     ) -> Result<DeadLetterOutcome> {
-        self.walk_dead_letters(filter, action, max).await
+        let dead = match self.jetstream.get_stream_no_info(&self.dead_stream).await {
+            Ok(dead) => dead,
+            Err(error) if matches!(action, DeadLetterAction::List | DeadLetterAction::Show) => {
+                tracing::debug!(dead_letter_stream = %self.dead_stream, %error, "no dead-letter stream to read");
+                return Ok(DeadLetterOutcome::default());
+            }
+            Err(error) => {
+                return Err(Error::broker(BROKER, format!("find dead-letter stream {:?}", self.dead_stream), error));
+            }
+        };
+        let now = chrono::Utc::now();
+        let content = action == DeadLetterAction::Show;
+        let mut outcome = DeadLetterOutcome::default();
+        let mut selected = 0usize;
+        let mut next = 1u64;
+        while selected < max {
+            let done = outcome.letters.len();
+            let Some(letter) = self.read_dead(&dead, next, done).await? else { break };
+            next = letter.sequence + 1;
+            let headers = headers_of(Some(&letter.headers));
+            let entry = DeadLetterEntry::from_headers(letter.sequence.to_string(), &headers, &letter.payload, content);
+            if !filter.matches(&entry, now) {
+                continue;
+            }
+            selected += 1;
+            match action {
+                DeadLetterAction::List | DeadLetterAction::Show => {}
+                DeadLetterAction::Replay => {
+                    if !self.republish(&letter, &headers, done).await? {
+                        outcome.kept += 1;
+                        continue;
+                    }
+                    self.delete_dead(&dead, letter.sequence, done, "replayed").await?;
+                }
+                DeadLetterAction::Discard => self.delete_dead(&dead, letter.sequence, done, "discarded").await?,
+            }
+            outcome.letters.push(entry);
+        }
+        if matches!(action, DeadLetterAction::Replay | DeadLetterAction::Discard) && !outcome.letters.is_empty() {
+            tracing::info!(messaging.system = "nats", stream = %self.stream, dead_letter_stream = %self.dead_stream, done = outcome.letters.len(), kept = outcome.kept, ?action, "dead letters handled");
+        }
+        Ok(outcome)
     }
 }

@@ -15,22 +15,6 @@ use crate::error::{Error, Result};
 use crate::text::one_line;
 
 impl RabbitTransport {
-    /// The [`DeadLetters`] walk on a channel of its own: every letter is taken with `basic.get`; a replayed
-    /// or discarded one is acked (a replayed one after its republish was confirmed), and closing the
-    /// channel hands every other one back to the dead-letter queue, in its place.
-    async fn walk_dead_letters(
-        &self,
-        filter: &DeadLetterFilter,
-        action: DeadLetterAction,
-        max: usize,
-    ) -> Result<DeadLetterOutcome> {
-        let channel = self.channel().await?;
-        let result = self.walk_on(&channel, filter, action, max).await;
-        // Letters left unacked on this channel (listed or kept ones) go back to the dead-letter queue.
-        close_quietly(&channel).await;
-        result
-    }
-
     async fn walk_on(
         &self,
         channel: &lapin::Channel,
@@ -160,12 +144,19 @@ impl DeadLetters for RabbitTransport {
         format!("queue {:?}", self.dead_letter_queue)
     }
 
+    /// The [`DeadLetters`] walk on a channel of its own: every letter is taken with `basic.get`; a replayed
+    /// or discarded one is acked (a replayed one after its republish was confirmed), and closing the
+    /// channel hands every other one back to the dead-letter queue, in its place.
     async fn dead_letters(
         &self,
         filter: &DeadLetterFilter,
         action: DeadLetterAction,
         max: usize,
     ) -> Result<DeadLetterOutcome> {
-        self.walk_dead_letters(filter, action, max).await
+        let channel = self.channel().await?;
+        let result = self.walk_on(&channel, filter, action, max).await;
+        // Letters left unacked on this channel (listed or kept ones) go back to the dead-letter queue.
+        close_quietly(&channel).await;
+        result
     }
 }

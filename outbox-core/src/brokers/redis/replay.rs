@@ -20,8 +20,59 @@ use super::transport::RedisTransport;
 const PAGE: usize = 100;
 
 impl RedisTransport {
+    async fn delete_dead(&self, id: &str, what: &str) -> Result<()> {
+        let mut del = ::redis::cmd("XDEL");
+        del.arg(&self.dead_stream).arg(id);
+        self.commands().query(&del).await.map_err(|e| Error::broker(BROKER, what.to_owned(), e))?;
+        Ok(())
+    }
+}
+
+/// Whether `id` reads as a stream entry id, `<ms>-<seq>` (anything else matches no entry).
+fn valid_entry_id(id: &str) -> bool {
+    id.split_once('-').is_some_and(|(ms, seq)| ms.parse::<u64>().is_ok() && seq.parse::<u64>().is_ok())
+}
+
+/// An entry's fields as headers (lossy UTF-8: a letter is shown whatever its bytes) and its payload.
+fn lossy_split(fields: &[(Vec<u8>, Vec<u8>)]) -> (BTreeMap<String, String>, Vec<u8>) {
+    let mut headers = BTreeMap::new();
+    let mut payload = Vec::new();
+    for (name, value) in fields {
+        if name.as_slice() == PAYLOAD_FIELD.as_bytes() {
+            payload.clone_from(value);
+        } else {
+            headers.insert(String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned());
+        }
+    }
+    (headers, payload)
+}
+
+/// [`DeadLetters::replay_dead_letters`] moves up to `max` dead letters (oldest first) from
+/// [`dead_letter_stream`](Self::dead_letter_stream) back to the stream each was first appended to (its
+/// `outbox_dead_origin` field), with its original fields (every `outbox_dead_*` field stripped), and deletes each
+/// from the dead-letter stream (`XDEL`) only after Redis answered the `XADD` to the origin with the new entry's id.
+/// Returns how many moved.
+///
+/// The dead-letter stream is shared by every group of the stream (unless configured otherwise), and
+/// this replays them all. A replayed entry is a new entry at the end of its stream: every consumer
+/// group of the stream receives it again (their inboxes absorb what they applied already), after later
+/// events of its aggregate. Two replays running at once can both move an entry; the inbox absorbs the
+/// copy.
+///
+/// An entry without an origin, or whose origin is not a valid stream key, is left in place with a
+/// warning. A failure stops the replay with an [`Error::Broker`]; what moved before it stays moved,
+/// and a dead letter is never deleted unless its copy was appended.
+impl DeadLetters for RedisTransport {
+    fn dead_letter_broker(&self) -> &'static str {
+        BROKER
+    }
+
+    fn dead_letter_location(&self) -> String {
+        format!("stream {:?}", self.dead_stream)
+    }
+
     /// The [`DeadLetters`] walk: the dead-letter stream by `XRANGE`, oldest first.
-    async fn walk_dead_letters(
+    async fn dead_letters(
         &self,
         filter: &DeadLetterFilter,
         action: DeadLetterAction,
@@ -121,65 +172,5 @@ impl RedisTransport {
             tracing::info!(messaging.system = "redis", dead_letter_stream = %dead, done = outcome.letters.len(), kept = outcome.kept, ?action, "dead letters handled");
         }
         Ok(outcome)
-    }
-
-    async fn delete_dead(&self, id: &str, what: &str) -> Result<()> {
-        let mut del = ::redis::cmd("XDEL");
-        del.arg(&self.dead_stream).arg(id);
-        self.commands().query(&del).await.map_err(|e| Error::broker(BROKER, what.to_owned(), e))?;
-        Ok(())
-    }
-}
-
-/// Whether `id` reads as a stream entry id, `<ms>-<seq>` (anything else matches no entry).
-fn valid_entry_id(id: &str) -> bool {
-    id.split_once('-').is_some_and(|(ms, seq)| ms.parse::<u64>().is_ok() && seq.parse::<u64>().is_ok())
-}
-
-/// An entry's fields as headers (lossy UTF-8: a letter is shown whatever its bytes) and its payload.
-fn lossy_split(fields: &[(Vec<u8>, Vec<u8>)]) -> (BTreeMap<String, String>, Vec<u8>) {
-    let mut headers = BTreeMap::new();
-    let mut payload = Vec::new();
-    for (name, value) in fields {
-        if name.as_slice() == PAYLOAD_FIELD.as_bytes() {
-            payload.clone_from(value);
-        } else {
-            headers.insert(String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned());
-        }
-    }
-    (headers, payload)
-}
-
-/// [`DeadLetters::replay_dead_letters`] moves up to `max` dead letters (oldest first) from
-/// [`dead_letter_stream`](Self::dead_letter_stream) back to the stream each was first appended to (its
-/// `outbox_dead_origin` field), with its original fields (every `outbox_dead_*` field stripped), and deletes each
-/// from the dead-letter stream (`XDEL`) only after Redis answered the `XADD` to the origin with the new entry's id.
-/// Returns how many moved.
-///
-/// The dead-letter stream is shared by every group of the stream (unless configured otherwise), and
-/// this replays them all. A replayed entry is a new entry at the end of its stream: every consumer
-/// group of the stream receives it again (their inboxes absorb what they applied already), after later
-/// events of its aggregate. Two replays running at once can both move an entry; the inbox absorbs the
-/// copy.
-///
-/// An entry without an origin, or whose origin is not a valid stream key, is left in place with a
-/// warning. A failure stops the replay with an [`Error::Broker`]; what moved before it stays moved,
-/// and a dead letter is never deleted unless its copy was appended.
-impl DeadLetters for RedisTransport {
-    fn dead_letter_broker(&self) -> &'static str {
-        BROKER
-    }
-
-    fn dead_letter_location(&self) -> String {
-        format!("stream {:?}", self.dead_stream)
-    }
-
-    async fn dead_letters(
-        &self,
-        filter: &DeadLetterFilter,
-        action: DeadLetterAction,
-        max: usize,
-    ) -> Result<DeadLetterOutcome> {
-        self.walk_dead_letters(filter, action, max).await
     }
 }
