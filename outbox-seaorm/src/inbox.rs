@@ -1,7 +1,7 @@
 //! Consumer-side de-duplication in the consumer's own database.
 
 use chrono::Utc;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, Statement};
 
@@ -12,7 +12,7 @@ use sea_orm::DatabaseConnection;
 
 use crate::OutboxConnection;
 use crate::error::{InboxError, store_error};
-use crate::transaction::Unit;
+use crate::transaction::{RecordedAhead, Unit};
 
 /// Runs `effect` at most once per `(consumer, message_id)`.
 ///
@@ -213,48 +213,6 @@ fn record_statement(backend: DbBackend, consumer: &str, message_id: &str) -> Sta
     insert_statement(backend, verb, tail, consumer, &[message_id], Utc::now().timestamp_millis())
 }
 
-/// The inbox rows a group wrote before its handlers ran, and which of them the handlers claimed.
-#[derive(Debug, Default)]
-pub(crate) struct RecordedAhead {
-    consumer: String,
-    keys: HashMap<String, Ahead>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Ahead {
-    /// Inserted by the group, not claimed yet.
-    New,
-    /// Inserted by the group and claimed by a handler.
-    Claimed,
-    /// There before the group (committed by an earlier delivery).
-    Seen,
-}
-
-impl RecordedAhead {
-    /// What an inbox write of `(consumer, message_id)` inside the group finds: `Some(true)` the group wrote
-    /// the row for it (run the effect), `Some(false)` a duplicate (the row was there before, or another
-    /// call of the group claimed it), `None` not recorded ahead (insert as usual).
-    pub(crate) fn claim(&mut self, consumer: &str, message_id: &str) -> Option<bool> {
-        if consumer != self.consumer {
-            return None;
-        }
-        let key = self.keys.get_mut(message_id)?;
-        let new = *key == Ahead::New;
-        if new {
-            *key = Ahead::Claimed;
-        }
-        Some(new)
-    }
-
-    /// The rows the group wrote that no handler claimed, sorted.
-    pub(crate) fn unclaimed(&self) -> Vec<String> {
-        let mut ids: Vec<String> =
-            self.keys.iter().filter(|(_, key)| **key == Ahead::New).map(|(id, _)| id.clone()).collect();
-        ids.sort_unstable();
-        ids
-    }
-}
-
 /// Writes the inbox rows of a group's messages in one statement (two on MySQL) and tells which were new.
 /// Keys are inserted in sorted order, so two groups sharing keys lock them in the same order. `Ok(None)`:
 /// on MySQL, a row appeared between the read and the insert (it cannot say which).
@@ -299,9 +257,7 @@ async fn record_ahead(txn: &DatabaseTransaction, keys: &GroupKeys) -> Result<Opt
             message_ids(txn.query_all_raw(insert).await?)?
         }
     };
-    let recorded =
-        ids.into_iter().map(|id| (id.to_owned(), if new.contains(id) { Ahead::New } else { Ahead::Seen })).collect();
-    Ok(Some(RecordedAhead { consumer: consumer.to_owned(), keys: recorded }))
+    Ok(Some(RecordedAhead::new(consumer, ids.into_iter().map(|id| (id.to_owned(), new.contains(id))))))
 }
 
 /// `{verb} inbox_messages (…) VALUES (…), (…){tail}`, one row per id.

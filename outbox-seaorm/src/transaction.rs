@@ -22,6 +22,7 @@
 //!   rolled back whole and its messages run again alone, where savepoints apply. The outcome is the one of
 //!   running them alone, two statements (`SAVEPOINT`, `RELEASE`) cheaper per call.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -123,7 +124,7 @@ enum Txn {
 pub(crate) struct Group {
     spoiled: AtomicBool,
     /// The inbox rows the group wrote before its handlers ran, which their inbox writes claim.
-    inbox: Mutex<crate::inbox::RecordedAhead>,
+    inbox: Mutex<RecordedAhead>,
 }
 
 impl Group {
@@ -132,7 +133,7 @@ impl Group {
     }
 
     /// The inbox rows the group recorded ahead.
-    pub(crate) fn inbox(&self) -> std::sync::MutexGuard<'_, crate::inbox::RecordedAhead> {
+    pub(crate) fn inbox(&self) -> std::sync::MutexGuard<'_, RecordedAhead> {
         self.inbox.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -457,5 +458,55 @@ pub(crate) fn into_db_err(error: outbox_runtime::Error) -> DbErr {
             Err(other) => DbErr::Custom(other.to_string()),
         },
         other => DbErr::Custom(other.to_string()),
+    }
+}
+
+/// The inbox rows a group wrote before its handlers ran, and which of them the handlers claimed.
+#[derive(Debug, Default)]
+pub(crate) struct RecordedAhead {
+    consumer: String,
+    keys: HashMap<String, Ahead>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ahead {
+    /// Inserted by the group, not claimed yet.
+    New,
+    /// Inserted by the group and claimed by a handler.
+    Claimed,
+    /// There before the group (committed by an earlier delivery).
+    Seen,
+}
+
+impl RecordedAhead {
+    /// The rows of `consumer`'s group: each message id, and whether the group inserted it (`false`: the row
+    /// was there before).
+    pub(crate) fn new(consumer: &str, rows: impl IntoIterator<Item = (String, bool)>) -> Self {
+        let keys =
+            rows.into_iter().map(|(id, inserted)| (id, if inserted { Ahead::New } else { Ahead::Seen })).collect();
+        RecordedAhead { consumer: consumer.to_owned(), keys }
+    }
+
+    /// What an inbox write of `(consumer, message_id)` inside the group finds: `Some(true)` the group wrote
+    /// the row for it (run the effect), `Some(false)` a duplicate (the row was there before, or another
+    /// call of the group claimed it), `None` not recorded ahead (insert as usual).
+    pub(crate) fn claim(&mut self, consumer: &str, message_id: &str) -> Option<bool> {
+        if consumer != self.consumer {
+            return None;
+        }
+        let key = self.keys.get_mut(message_id)?;
+        let new = *key == Ahead::New;
+        if new {
+            *key = Ahead::Claimed;
+        }
+        Some(new)
+    }
+
+    /// The rows the group wrote that no handler claimed, sorted.
+    pub(crate) fn unclaimed(&self) -> Vec<String> {
+        let mut ids: Vec<String> =
+            self.keys.iter().filter(|(_, key)| **key == Ahead::New).map(|(id, _)| id.clone()).collect();
+        ids.sort_unstable();
+        ids
     }
 }

@@ -2,7 +2,9 @@
 //! with an inbox and an effect row on the bench database, one transaction per message and then with
 //! group commit. Each round relays a fresh backlog to fresh destinations and reads it twice (one consumer
 //! group per variant), so the three figures of a round are on the same messages. Per broker: NATS
-//! JetStream, Redis Streams and RabbitMQ; each is skipped, with the reason printed, when it does not answer.
+//! JetStream, Redis Streams, RabbitMQ, and Kafka with the `kafka` feature (3 partitions, the transport
+//! assigned all of them, so no group join is timed); each is skipped, with the reason printed, when it does
+//! not answer.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,14 +42,19 @@ struct OrderPlaced {
 }
 
 /// The brokers, each with where it answers.
-const BROKERS: [(&str, &str); 3] =
-    [("NATS JetStream", "127.0.0.1:4222"), ("Redis Streams", "127.0.0.1:6379"), ("RabbitMQ", "127.0.0.1:5672")];
+const BROKERS: &[(&str, &str)] = &[
+    ("NATS JetStream", "127.0.0.1:4222"),
+    ("Redis Streams", "127.0.0.1:6379"),
+    ("RabbitMQ", "127.0.0.1:5672"),
+    #[cfg(feature = "kafka")]
+    ("Kafka", kafka::BOOTSTRAP),
+];
 
 /// Runs the scenario on every broker that answers.
 pub async fn run(ctx: &Ctx) -> Result<()> {
     let events = ctx.size(20_000, 3_000);
     let aggregates = ctx.size(1_000, 300);
-    for (name, address) in BROKERS {
+    for &(name, address) in BROKERS {
         let probe = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await;
         if !matches!(probe, Ok(Ok(_))) {
             println!("\nconsume through {name}: skipped: nothing answers on {address}");
@@ -107,6 +114,8 @@ enum Broker {
     Nats(Box<NatsPublisher>),
     Redis,
     Rabbit,
+    #[cfg(feature = "kafka")]
+    Kafka,
 }
 
 impl Broker {
@@ -128,6 +137,10 @@ impl Broker {
         {
             eprintln!("consume: deleting stream {}: {error}", Self::nats_stream(tag));
         }
+        #[cfg(feature = "kafka")]
+        if let Broker::Kafka = self {
+            kafka::delete_topic(&kafka::topic(tag)).await;
+        }
         // A round's Redis stream and RabbitMQ queues are read to the end; they are small and left.
     }
 }
@@ -147,6 +160,13 @@ async fn relay(ctx: &Ctx, broker: &str, tag: &str, expected: u64) -> Result<(Run
             let destination = Destination::fixed(&Broker::redis_stream(tag)).context("destination")?;
             let publisher = RedisPublisher::connect(REDIS_URL, destination).await?;
             Ok((drain(ctx, publisher, expected).await?, Broker::Redis))
+        }
+        #[cfg(feature = "kafka")]
+        "Kafka" => {
+            let topic = kafka::topic(tag);
+            kafka::create_topic(&topic).await?;
+            let publisher = Arc::new(kafka::publisher(&topic)?);
+            Ok((drain(ctx, publisher, expected).await?, Broker::Kafka))
         }
         _ => {
             let exchange = format!("outbox-bench-consume-{tag}");
@@ -184,6 +204,8 @@ async fn consume_from(broker: &Broker, tag: &str, db: &DatabaseConnection, group
             let transport = RabbitTransport::connect(RABBIT_URL, &Broker::rabbit_queue(tag, name), name).await?;
             consume(db, transport, name, group, expected).await
         }
+        #[cfg(feature = "kafka")]
+        Broker::Kafka => consume(db, kafka::transport(&kafka::topic(tag), name)?, name, group, expected).await,
     }
 }
 
@@ -256,4 +278,60 @@ fn effect(backend: DbBackend, event: &OrderPlaced) -> Statement {
         _ => "INSERT INTO bench_effects (order_id, total_minor) VALUES (?, ?)",
     };
     Statement::from_sql_and_values(backend, sql, [event.order_id.clone().into(), event.total_minor.into()])
+}
+
+/// Kafka for the scenario: a 3-partition topic per round, a publisher to it, and transports assigned every
+/// partition (no group join: a join on tansu takes seconds that would be timed as consuming).
+#[cfg(feature = "kafka")]
+mod kafka {
+    use std::time::Duration;
+
+    use anyhow::{Context, Result};
+    use outbox_seaorm::Destination;
+    use outbox_seaorm::brokers::kafka::rdkafka::ClientConfig;
+    use outbox_seaorm::brokers::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use outbox_seaorm::brokers::kafka::rdkafka::client::DefaultClientContext;
+    use outbox_seaorm::brokers::kafka::{KafkaPublisher, KafkaTransport, Subscription};
+
+    pub const BOOTSTRAP: &str = "127.0.0.1:9092";
+    const PARTITIONS: i32 = 3;
+
+    pub fn topic(tag: &str) -> String {
+        format!("outbox-bench-consume-{tag}")
+    }
+
+    fn admin() -> Result<AdminClient<DefaultClientContext>> {
+        ClientConfig::new().set("bootstrap.servers", BOOTSTRAP).create().context("Kafka admin client")
+    }
+
+    fn options() -> AdminOptions {
+        AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))
+    }
+
+    pub async fn create_topic(topic: &str) -> Result<()> {
+        let new = NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1));
+        for result in admin()?.create_topics([&new], &options()).await.context("create topic")? {
+            result.map_err(|(topic, code)| anyhow::anyhow!("create topic {topic}: {code:?}"))?;
+        }
+        Ok(())
+    }
+
+    pub async fn delete_topic(topic: &str) {
+        let deleted = match admin() {
+            Ok(admin) => admin.delete_topics(&[topic], &options()).await.map(drop).map_err(anyhow::Error::from),
+            Err(error) => Err(error),
+        };
+        if let Err(error) = deleted {
+            eprintln!("consume: deleting topic {topic}: {error}");
+        }
+    }
+
+    pub fn publisher(topic: &str) -> Result<KafkaPublisher> {
+        Ok(KafkaPublisher::connect(BOOTSTRAP, Destination::fixed(topic).context("topic")?, &[])?)
+    }
+
+    pub fn transport(topic: &str, group: &str) -> Result<KafkaTransport> {
+        let partitions = (0..PARTITIONS).map(|p| (topic.to_owned(), p)).collect();
+        Ok(KafkaTransport::connect(BOOTSTRAP, &format!("{group}-{topic}"), Subscription::Partitions(partitions), &[])?)
+    }
 }
