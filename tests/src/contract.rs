@@ -599,7 +599,7 @@ pub mod cases {
         running.stop().await;
         let (again, _) = counting_consumer(&t, "la", fast_config(), |_, _| false);
         let running = Running::start(again, fx.transport("la").await);
-        eventually(Duration::from_secs(60), "20 redeliveries absorbed", async || running.stats().duplicates == 20)
+        eventually(Duration::from_secs(60), "20 redeliveries absorbed", async || running.stats().duplicates >= 20)
             .await;
         let stats = running.stop().await;
         assert_eq!(stats.processed, 0, "{}: {stats:?}", F::NAME);
@@ -643,13 +643,17 @@ pub mod cases {
         assert!((20..=25).contains(&stored), "{}: {stored} messages for 20 events, 5 acks lost", F::NAME);
         let (consumer, applied) = counting_consumer(&t, "pl", fast_config(), |_, _| false);
         let running = Running::start(consumer, fx.transport("pl").await);
-        eventually(Duration::from_secs(60), "every stored message handled", async || {
+        // At least once: a rebalance (Kafka) or a redelivery may hand a message over again, so the count of
+        // handled messages can pass the count stored; the inbox absorbs every extra one.
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while running.stats().processed + running.stats().duplicates < stored {
             let stats = running.stats();
-            stats.processed + stats.duplicates == stored
-        })
-        .await;
+            assert!(Instant::now() < deadline, "{}: {stored} stored, after 90 s handled: {stats:?}", F::NAME);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let stats = running.stop().await;
-        assert_eq!((stats.processed, stats.duplicates), (20, stored - 20), "{}: {stats:?}", F::NAME);
+        assert_eq!(stats.processed, 20, "{}: each event applied once: {stats:?}", F::NAME);
+        assert!(stats.duplicates >= stored - 20, "{}: every second copy absorbed: {stats:?}", F::NAME);
         assert_eq!(effects(&t, "pl").await.len(), 20, "{}: each effect once", F::NAME);
         applied.assert_in_order(F::NAME);
         fx.teardown().await;
