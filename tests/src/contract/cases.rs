@@ -271,8 +271,7 @@ pub async fn publisher_refuses_bad_input_as_dead_rows<F: Fixture>() {
     let mut events: Vec<NewEvent> = refused.iter().map(|r| r.event.clone()).collect();
     events.push(fine.clone());
     enqueue(&t, &events).await;
-    let relay = outbox_seaorm::Relay::new(outbox_seaorm::SeaOrmStore::new(t.db.clone()), publisher, relay_config())
-        .expect("relay");
+    let relay = relay(&t, publisher);
     let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{}: a refused event is no relay error: {e}", F::NAME));
     let dead = refused.len() as u64;
     assert_eq!((pass.claimed, pass.published, pass.dead), (dead + 1, 1, dead), "{}: {pass:?}", F::NAME);
@@ -316,8 +315,7 @@ pub async fn publisher_outage_loses_nothing<F: Fixture>() {
     let Some((t, fx)) = begin::<F>("pub_outage").await else { return };
     let events = counted_events(10, 10);
     enqueue(&t, &events[..10]).await;
-    let store = outbox_seaorm::SeaOrmStore::new(t.db.clone());
-    let relay = outbox_seaorm::Relay::new(store, fx.interruptible_publisher().await, relay_config()).expect("relay");
+    let relay = relay(&t, fx.interruptible_publisher().await);
     let first = relay.run_once().await.unwrap_or_else(|e| panic!("{}: first pass: {e}", F::NAME));
     assert_eq!(first.published, 10, "{}: {first:?}", F::NAME);
     enqueue(&t, &events[10..]).await;

@@ -329,19 +329,18 @@ pub async fn relay_all<F: Fixture>(t: &TestDb, fixture: &F, expected: u64) {
     relay_until_published(t, fixture.publisher(), expected).await;
 }
 
-/// Settings of the suite's relays: short backoff, so a retried publish comes back within the case's time.
-pub fn relay_config() -> RelayConfig {
-    RelayConfig::default().with_batch_size(200).with_backoff(Backoff {
-        initial: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        multiplier: 2,
-    })
+/// A relay on `t` through `publisher`, with a short backoff so a retried publish comes back within the
+/// case's time.
+pub fn relay<P: Publisher + 'static>(t: &TestDb, publisher: P) -> outbox_seaorm::Relay<outbox_seaorm::SeaOrmStore, P> {
+    let backoff = Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200), multiplier: 2 };
+    let config = RelayConfig::default().with_batch_size(200).with_backoff(backoff);
+    outbox_seaorm::Relay::new(outbox_seaorm::SeaOrmStore::new(t.db.clone()), publisher, config)
+        .unwrap_or_else(|e| panic!("{t}: relay: {e}"))
 }
 
 /// Runs relay passes through `publisher` until `expected` rows of `t` are published.
 pub async fn relay_until_published<P: Publisher + 'static>(t: &TestDb, publisher: P, expected: u64) {
-    let relay = outbox_seaorm::Relay::new(outbox_seaorm::SeaOrmStore::new(t.db.clone()), publisher, relay_config())
-        .expect("relay");
+    let relay = relay(t, publisher);
     let mut published = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while published < expected {
