@@ -80,6 +80,7 @@
 //! | `rabbitmq` | RabbitMQ publisher confirms and transport (`brokers::rabbitmq`) |
 //! | `redis` | Redis Streams publisher and transport (`brokers::redis`) |
 //! | `schemars` | `event_json_schema::<E>()`: an event's JSON Schema with its name and version |
+//! | `dashboard` | `dashboard::Dashboard`: an axum router with the operations pages (backlog, dead events, replay and discard behind an admin token) |
 //! | `testkit` | `testkit::FaultyPublisher` (drop, delay, duplicate, reorder, fail, lose acks) and `testkit::History` (lost, applied twice, order, rolled back published) for tests of an app's handlers |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -87,6 +88,9 @@
 pub mod admin;
 mod connect;
 mod connection;
+#[cfg(feature = "dashboard")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dashboard")))]
+pub mod dashboard;
 mod enqueue;
 pub mod entity;
 mod error;

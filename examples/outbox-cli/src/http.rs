@@ -1,4 +1,5 @@
-//! `outbox relay --http ADDR`: `/metrics` (Prometheus text) and the health probes.
+//! `outbox relay --http ADDR`: `/metrics` (Prometheus text) and the health probes (with `--dashboard`,
+//! the operations pages at `/` too: [`crate::dashboard`]).
 //!
 //! - `GET /metrics`: every `outbox_*` metric ([`outbox_seaorm::metrics`]) in the Prometheus text format,
 //!   from the recorder this binary installs (the library never installs one).
@@ -99,7 +100,12 @@ pub fn install_recorder(readiness: Readiness) -> Result<Shared, CliError> {
 }
 
 /// Binds `addr` (a failure is fatal at once) and serves until `shutdown`.
-pub async fn serve(addr: SocketAddr, shared: Shared, shutdown: CancellationToken) -> Result<(), CliError> {
+pub async fn serve(
+    addr: SocketAddr,
+    shared: Shared,
+    dashboard: Option<Router>,
+    shutdown: CancellationToken,
+) -> Result<(), CliError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| CliError::Refused(format!("--http {addr}: cannot listen: {e}")))?;
@@ -121,6 +127,10 @@ pub async fn serve(addr: SocketAddr, shared: Shared, shutdown: CancellationToken
         .route("/health/ready", get(ready))
         .route("/health", get(ready))
         .with_state(shared);
+    let app = match dashboard {
+        Some(pages) => app.merge(pages),
+        None => app,
+    };
     tokio::spawn(async move {
         let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
         if let Err(error) = server.await {

@@ -12,6 +12,7 @@
 mod broker;
 mod check;
 mod cleanup;
+mod dashboard;
 mod db;
 mod dead;
 mod dead_letters;
@@ -92,6 +93,8 @@ enum Command {
     Cleanup(cleanup::CleanupArgs),
     /// Check the connection, the migrations, that the database is a writable primary, and clock skew.
     Check(check::CheckArgs),
+    /// Serve the operations dashboard (backlog, dead events, replay and discard) without a relay.
+    Dashboard(dashboard::ServeArgs),
     /// PostgreSQL LISTEN/NOTIFY wake-ups: install, remove or show the notify trigger on `outbox_events`.
     #[command(subcommand)]
     Notify(notify::NotifyCommand),
@@ -132,7 +135,14 @@ fn secrets(cli: &Cli) -> Vec<String> {
     if let Command::DeadLetters(command) = &cli.command {
         urls.push(Some(command.broker().to_owned()));
     }
-    urls.into_iter().flatten().filter_map(|url| redact::password_of(&url)).collect()
+    let mut secrets: Vec<String> = urls.into_iter().flatten().filter_map(|url| redact::password_of(&url)).collect();
+    let token = match &cli.command {
+        Command::Relay(args) => args.dashboard.admin_token.clone(),
+        Command::Dashboard(args) => args.admin_token().map(str::to_owned),
+        _ => None,
+    };
+    secrets.extend(token);
+    secrets
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, CliError> {
@@ -157,6 +167,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::DeadLetters(command) => dead_letters::run(*command).await?,
         Command::Cleanup(args) => cleanup::run(&db, args).await?,
         Command::Notify(command) => notify::run(&db, command).await?,
+        Command::Dashboard(args) => dashboard::run(db, args).await?,
         Command::Check(args) => return check::run(&db, args).await,
     }
     Ok(ExitCode::SUCCESS)

@@ -108,6 +108,11 @@ pub struct RelayArgs {
     /// by other processes), e.g. 5ms; costs the writers nothing, the database one cheap read per interval.
     #[arg(long, env = "OUTBOX_WATCH", value_parser = duration::parse, value_name = "DURATION")]
     watch: Option<Duration>,
+    /// With --http: also serve the operations dashboard at `/` (read-only without --admin-token).
+    #[arg(long = "dashboard", env = "OUTBOX_DASHBOARD", requires = "http")]
+    dashboard_pages: bool,
+    #[command(flatten)]
+    pub dashboard: crate::dashboard::DashboardArgs,
     #[command(flatten)]
     channel: ChannelArgs,
 }
@@ -149,7 +154,11 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
             let readiness =
                 http::Readiness { max_pending_age: args.ready_max_pending_age, max_pass_age: args.ready_max_pass_age };
             let shared = http::install_recorder(readiness)?;
-            http::serve(addr, shared.clone(), shutdown.clone()).await?;
+            let pages = match args.dashboard_pages {
+                true => Some(dashboard_router(&db, &args, &shared)?),
+                false => None,
+            };
+            http::serve(addr, shared.clone(), pages, shutdown.clone()).await?;
             Some(shared)
         }
         None => None,
@@ -239,7 +248,33 @@ fn log_status(health: &Health) {
     );
 }
 
-async fn cancel_on_signal(shutdown: CancellationToken) {
+/// The dashboard beside `/metrics`, showing this process's relays once the service started.
+fn dashboard_router(
+    db: &DatabaseConnection,
+    args: &RelayArgs,
+    shared: &http::Shared,
+) -> Result<axum::Router, CliError> {
+    let wake = match (args.listen, args.watch) {
+        (true, Some(every)) => {
+            format!("LISTEN {} and a seq watch every {every:?}, then polling", args.channel.notify_channel)
+        }
+        (true, None) => format!("LISTEN {}, then polling", args.channel.notify_channel),
+        (false, Some(every)) => format!("a seq watch every {every:?}, then polling"),
+        (false, None) => format!("polling every {:?}", args.poll_interval),
+    };
+    let config = args
+        .dashboard
+        .config()?
+        .with_detail("broker", redact_url(&args.broker.broker))
+        .with_detail("relay tasks", args.relays.to_string())
+        .with_detail("wake-up", wake);
+    let service = shared.service.clone();
+    Ok(outbox_seaorm::dashboard::Dashboard::new(db.clone(), config)
+        .with_health(move || service.get().map(OutboxService::health))
+        .router())
+}
+
+pub async fn cancel_on_signal(shutdown: CancellationToken) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

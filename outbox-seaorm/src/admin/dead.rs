@@ -10,7 +10,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Cond, Expr, ExprTrait, Func, LikeExpr, Query};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect,
 };
 use serde::Serialize;
 
@@ -108,7 +109,7 @@ impl DeadFilter {
     }
 
     /// The condition on `outbox_events`: dead, unpublished, and every criterion.
-    fn condition(&self, now: DateTime<Utc>) -> Cond {
+    pub(crate) fn condition(&self, now: DateTime<Utc>) -> Cond {
         let now_ms = now.timestamp_millis();
         let mut cond = Cond::all().add(Column::DeadAtMs.is_not_null()).add(Column::PublishedAtMs.is_null());
         if !self.event_types.is_empty() {
@@ -184,12 +185,12 @@ pub struct DeadEvent {
     pub headers: Option<serde_json::Value>,
 }
 
-fn rfc3339(ms: i64) -> String {
+pub(crate) fn rfc3339(ms: i64) -> String {
     DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339()).unwrap_or_else(|| ms.to_string())
 }
 
 impl DeadEvent {
-    fn of(model: outbox_event::Model, with_payload: bool) -> Self {
+    pub(crate) fn of(model: outbox_event::Model, with_payload: bool) -> Self {
         DeadEvent {
             seq: model.seq,
             id: model.event_id,
@@ -219,6 +220,16 @@ pub async fn list_dead<C: ConnectionTrait>(db: &C, filter: &DeadFilter, limit: u
         .await
         .map_err(|e| store_error("list dead events", "outbox_events", backend, e))?;
     Ok(rows.into_iter().map(|model| DeadEvent::of(model, false)).collect())
+}
+
+/// How many dead events `filter` selects: what a replay or discard of it would change now.
+pub async fn count_dead<C: ConnectionTrait>(db: &C, filter: &DeadFilter) -> Result<u64> {
+    let backend = db.get_database_backend();
+    Entity::find()
+        .filter(filter.condition(Utc::now()))
+        .count(db)
+        .await
+        .map_err(|e| store_error("count dead events", "outbox_events", backend, e))
 }
 
 /// One dead event with its payload and headers; `None` when no dead event has this id (it may be

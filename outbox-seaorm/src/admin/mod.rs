@@ -1,7 +1,7 @@
 //! Operating the outbox: what the `outbox` CLI runs, as plain functions over a connection.
 //!
 //! - [`stats`]: the backlog, per aggregate type and event type ([`Stats`] serialises to JSON);
-//! - [`list_dead`], [`show_dead`], [`replay_dead`], [`discard_dead`]: dead events, selected by a
+//! - [`list_dead`], [`count_dead`], [`show_dead`], [`replay_dead`], [`discard_dead`]: dead events, selected by a
 //!   [`DeadFilter`];
 //! - [`cleanup`]: published outbox rows and inbox rows past their retention, in batches, with progress;
 //! - [`check`]: connection, migrations, a writable primary, clock skew;
@@ -28,12 +28,13 @@ mod stats;
 
 pub use check::{Check, CheckOptions, CheckReport, check, clock_skew, pending_migrations, read_only_reason};
 pub use cleanup::{CleanupProgress, CleanupReport, CleanupTable, cleanup};
-pub use dead::{DeadEvent, DeadFilter, discard_dead, list_dead, replay_dead, show_dead};
+pub use dead::{DeadEvent, DeadFilter, count_dead, discard_dead, list_dead, replay_dead, show_dead};
 pub use stats::{GroupStats, Stats, StatsMode, stats, stats_in};
 
 pub use outbox_runtime::CleanupConfig;
 
 pub(crate) use cleanup::{cutoff_ms, delete_in_batches};
+pub(crate) use dead::rfc3339;
 pub(crate) use stats::totals;
 
 /// The names of the outbox migrations, oldest first: what [`pending_migrations`] looks for (also without

@@ -1,0 +1,351 @@
+//! The operations dashboard in a real browser (headless Chromium driven over WebDriver), on each
+//! database: what a person sees is what the database holds; a dead event is found, opened and replayed
+//! only with the admin token and the session's CSRF token; nothing from the database runs as script.
+//!
+//! Needs `chromedriver` and Chromium (Debian: `chromium chromium-driver`; `.ci/run` installs them). Outside
+//! CI the tests skip with a reason when there is none; under `CI=true` they fail.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{enqueue_committed, outbox_rows};
+use fantoccini::{Client, ClientBuilder, Locator};
+use outbox_integration_tests::{TestDb, per_backend};
+use outbox_seaorm::dashboard::{Dashboard, DashboardConfig};
+use outbox_seaorm::{
+    InMemoryPublisher, NewEvent, OutboxEvent, PublishError, Publisher, Relay, RelayConfig, SeaOrmStore,
+};
+
+const TOKEN: &str = "a-test-admin-token-0123456789";
+/// What a script in a payload or an error would set if it ran.
+const XSS_FLAG: &str = "window.__outbox_xss";
+const XSS_PAYLOAD: &str = "<script>window.__outbox_xss = 1</script><img src=x onerror=\"window.__outbox_xss = 2\">";
+const XSS_ERROR: &str = "refused: <img src=x onerror=\"window.__outbox_xss = 3\"> timeout";
+
+/// A broker that refuses, for good, every event of an aggregate whose id starts with `doomed`, with the
+/// payload's `error` as the reason; it takes the others.
+struct RefusesDoomed;
+
+impl Publisher for RefusesDoomed {
+    async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), PublishError>> {
+        events
+            .iter()
+            .map(|e| match e.aggregate_id.starts_with("doomed") {
+                true => {
+                    let payload: serde_json::Value = serde_json::from_str(&e.payload).expect("payload");
+                    Err(PublishError::permanent(payload["error"].as_str().unwrap_or("refused").to_owned()))
+                }
+                false => Ok(()),
+            })
+            .collect()
+    }
+}
+
+fn event(aggregate_type: &str, aggregate_id: &str, event_type: &str, error: &str) -> NewEvent {
+    let payload = serde_json::json!({ "id": aggregate_id, "error": error, "note": XSS_PAYLOAD });
+    NewEvent::new(aggregate_type, aggregate_id, event_type, &payload).expect("event")
+}
+
+/// Two published events, three dead ones (one whose error holds markup, one whose aggregate id does),
+/// then three pending ones.
+async fn seed(t: &TestDb) {
+    enqueue_committed(
+        t,
+        &[
+            event("order", "ok-1", "order.placed", ""),
+            event("order", "ok-2", "order.placed", ""),
+            event("order", "doomed-1", "order.placed", "message too large"),
+            event("payment", "doomed-2", "payment.taken", XSS_ERROR),
+            event("order", "doomed-<i>3</i>", "order.cancelled", "unknown subject"),
+        ],
+    )
+    .await;
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), RefusesDoomed, RelayConfig::default()).expect("config");
+    let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!((pass.published, pass.dead), (2, 3), "{t}: {pass:?}");
+    enqueue_committed(
+        t,
+        &[
+            event("order", "ok-3", "order.placed", ""),
+            event("order", "ok-4", "order.shipped", ""),
+            event("payment", "ok-5", "payment.taken", ""),
+        ],
+    )
+    .await;
+}
+
+/// Pending and dead rows per aggregate type, counted from the rows themselves.
+async fn backlog_by_aggregate_type(t: &TestDb) -> BTreeMap<String, (u64, u64)> {
+    let mut counts = BTreeMap::new();
+    for row in outbox_rows(t).await.into_iter().filter(|r| r.published_at_ms.is_none()) {
+        let entry: &mut (u64, u64) = counts.entry(row.aggregate_type).or_default();
+        match row.dead_at_ms {
+            None => entry.0 += 1,
+            Some(_) => entry.1 += 1,
+        }
+    }
+    counts
+}
+
+async fn dead_count(t: &TestDb) -> usize {
+    outbox_rows(t).await.iter().filter(|r| r.dead_at_ms.is_some() && r.published_at_ms.is_none()).count()
+}
+
+/// Serves `config`'s dashboard on a free loopback port, nested under `/ops/outbox` as an app would mount
+/// it; returns the page's URL.
+async fn serve(t: &TestDb, config: DashboardConfig) -> String {
+    let router = axum::Router::new().nest("/ops/outbox", Dashboard::new(t.db.clone(), config).router());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://{addr}/ops/outbox")
+}
+
+/// A headless Chromium behind its own chromedriver; `None` (after saying why) when there is none here.
+struct Browser {
+    client: Client,
+    _driver: tokio::process::Child,
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+async fn browser() -> Option<Browser> {
+    let driver_path = std::env::var("OUTBOX_CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".to_owned());
+    let chromium = std::env::var("OUTBOX_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".to_owned());
+    if !std::path::Path::new(&driver_path).exists() || !std::path::Path::new(&chromium).exists() {
+        let reason = format!("no browser: {driver_path} or {chromium} is missing (Debian: chromium chromium-driver)");
+        assert!(!in_ci(), "CI=true but {reason}");
+        eprintln!("skipping: {reason}");
+        return None;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let driver = tokio::process::Command::new(&driver_path)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {driver_path}: {e}"));
+    let capabilities = serde_json::json!({
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": chromium,
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"],
+        },
+    });
+    let serde_json::Value::Object(capabilities) = capabilities else { unreachable!() };
+    let url = format!("http://127.0.0.1:{port}");
+    let mut last = String::new();
+    for _ in 0..120 {
+        match ClientBuilder::native().capabilities(capabilities.clone()).connect(&url).await {
+            Ok(client) => return Some(Browser { client, _driver: driver }),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("chromedriver at {url} never started a session: {last}");
+}
+
+async fn text(client: &Client, css: &str) -> String {
+    let element = client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("no `{css}` on the page: {e}"));
+    element.text().await.expect("text").trim().to_owned()
+}
+
+async fn has(client: &Client, css: &str) -> bool {
+    !client.find_all(Locator::Css(css)).await.expect("find").is_empty()
+}
+
+async fn click(client: &Client, css: &str) {
+    client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("no `{css}` to click: {e}"))
+        .click()
+        .await
+        .expect("click");
+}
+
+/// Waits until `css`'s text is `expected` (the page loads after a click), failing after a minute.
+async fn wait_text(client: &Client, css: &str, expected: &str) {
+    let mut seen = String::new();
+    for _ in 0..240 {
+        if let Ok(element) = client.find(Locator::Css(css)).await
+            && let Ok(text) = element.text().await
+        {
+            if text.trim() == expected {
+                return;
+            }
+            seen = text;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("`{css}` still says {seen:?}, expected {expected:?}");
+}
+
+/// No script from the database ran on this page.
+async fn assert_inert(client: &Client, page: &str) {
+    let ran = client
+        .execute(&format!("return {XSS_FLAG} === undefined ? null : {XSS_FLAG};"), vec![])
+        .await
+        .expect("execute");
+    assert_eq!(ran, serde_json::Value::Null, "a script from the database ran on {page}");
+}
+
+/// `fetch` from the page: a POST of `body` to `url`, answering its status.
+async fn post_from_page(client: &Client, url: &str, body: &str) -> u64 {
+    let script = "return fetch(arguments[0], { method: 'POST', credentials: 'same-origin', redirect: 'manual', \
+                  headers: { 'Content-Type': 'application/x-www-form-urlencoded' }, body: arguments[1] }) \
+                  .then(r => r.status);";
+    let status = client.execute(script, vec![url.into(), body.into()]).await.expect("fetch");
+    status.as_u64().unwrap_or_else(|| panic!("status {status}"))
+}
+
+fn screenshot_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+    std::fs::create_dir_all(&dir).expect("screenshot dir");
+    dir
+}
+
+async fn what_the_page_shows_is_what_the_database_holds(t: TestDb) {
+    seed(&t).await;
+    let Some(browser) = browser().await else { return };
+    let client = &browser.client;
+    let url = serve(&t, DashboardConfig::read_only()).await;
+    client.goto(&url).await.expect("open the overview");
+
+    let expected = backlog_by_aggregate_type(&t).await;
+    let (pending, dead): (u64, u64) = expected.values().fold((0, 0), |(p, d), (ep, ed)| (p + ep, d + ed));
+    assert_eq!((pending, dead), (3, 3), "{t}: the seed");
+    assert_eq!(text(client, "#pending").await, pending.to_string(), "{t}");
+    assert_eq!(text(client, "#dead").await, dead.to_string(), "{t}");
+    let mut shown = BTreeMap::new();
+    for row in client.find_all(Locator::Css("#by-aggregate-type tbody tr")).await.expect("rows") {
+        let cells = row.find_all(Locator::Css("td")).await.expect("cells");
+        let mut texts = Vec::new();
+        for cell in cells {
+            texts.push(cell.text().await.expect("cell"));
+        }
+        let number = |i: usize| texts[i].parse::<u64>().expect("a count");
+        shown.insert(texts[0].clone(), (number(1), number(2)));
+    }
+    assert_eq!(shown, expected, "{t}: the table per aggregate type");
+    assert!(has(client, "#behind").await, "{t}: the aggregates most behind");
+    assert!(!has(client, "button.action").await && has(client, "#read-only").await, "{t}: read-only");
+    assert_inert(client, "the overview").await;
+    let shots = screenshot_dir();
+    std::fs::write(shots.join(format!("{t}-overview.png")), client.screenshot().await.expect("screenshot"))
+        .expect("write");
+
+    // The page refreshes itself: a new pending event shows up without a reload.
+    enqueue_committed(&t, &[event("order", "ok-6", "order.placed", "")]).await;
+    wait_text(client, "#pending", "4").await;
+
+    client.goto(&format!("{url}/dead")).await.expect("open the dead events");
+    assert_eq!(text(client, "#dead-count").await, "3", "{t}");
+    assert_eq!(client.find_all(Locator::Css("#dead-rows tbody tr")).await.expect("rows").len(), 3, "{t}");
+    let errors = text(client, "#dead-rows").await;
+    assert!(errors.contains(XSS_ERROR), "{t}: the error is shown as text: {errors}");
+    assert!(errors.contains("doomed-<i>3</i>"), "{t}: the aggregate id is shown as text: {errors}");
+    assert_inert(client, "the dead events").await;
+
+    client.goto(&format!("{url}/dead?error=onerror")).await.expect("filter");
+    click(client, "#dead-rows a.event-link").await;
+    wait_text(client, "#event-state", "dead").await;
+    assert!(
+        text(client, "#payload").await.contains("<script>window.__outbox_xss = 1</script>"),
+        "{t}: the payload as text"
+    );
+    assert_eq!(text(client, "#last-error").await, XSS_ERROR, "{t}");
+    assert_inert(client, "a dead event's detail").await;
+    std::fs::write(shots.join(format!("{t}-dead-event.png")), client.screenshot().await.expect("screenshot"))
+        .expect("write");
+    client.clone().close().await.ok();
+}
+
+async fn a_dead_event_is_found_opened_and_replayed_with_the_token(t: TestDb) {
+    seed(&t).await;
+    let Some(browser) = browser().await else { return };
+    let client = &browser.client;
+    let url = serve(&t, DashboardConfig::read_only().with_admin_token(TOKEN).expect("token")).await;
+
+    // Find it by its error text, open it: no action before signing in.
+    client.goto(&format!("{url}/dead")).await.expect("open the dead events");
+    let filter = client.form(Locator::Css("#dead-filter")).await.expect("the filter form");
+    filter.set_by_name("error", "too large").await.expect("type").submit().await.expect("filter");
+    wait_text(client, "#dead-count", "1").await;
+    click(client, "#dead-rows a.event-link").await;
+    wait_text(client, "#event-state", "dead").await;
+    let event_url = client.current_url().await.expect("url").to_string();
+    assert!(!has(client, "#replay-one").await, "{t}: an action button before signing in");
+
+    // Sign in, come back, replay: the count is shown first.
+    client.find(Locator::Css("#token")).await.expect("token field").send_keys(TOKEN).await.expect("type");
+    click(client, "#sign-in").await;
+    wait_text(client, "#signed-in", "signed in as admin").await;
+    assert!(!client.source().await.expect("source").contains(TOKEN), "{t}: the token is in the page");
+    client.goto(&event_url).await.expect("back to the event");
+    click(client, "#replay-one").await;
+    wait_text(client, "#confirm-count", "1").await;
+    click(client, "#confirm").await;
+    wait_text(client, "#changed", "1").await;
+    assert_eq!(dead_count(&t).await, 2, "{t}: one dead event replayed");
+
+    // The relay publishes it, and the page says so.
+    let relay =
+        Relay::new(SeaOrmStore::new(t.db.clone()), InMemoryPublisher::new(), RelayConfig::default()).expect("config");
+    relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    client.goto(&event_url).await.expect("the event again");
+    wait_text(client, "#event-state", "published").await;
+
+    // Discard by filter asks for the count typed back, and refuses other words.
+    client.goto(&format!("{url}/dead?event_type=order.cancelled")).await.expect("filter");
+    click(client, "#discard-matching").await;
+    wait_text(client, "#typed-words", "discard 1").await;
+    client.find(Locator::Css("#typed")).await.expect("typed field").send_keys("discard 2").await.expect("type");
+    click(client, "#confirm").await;
+    wait_text(client, "#confirm-note", "The words typed do not match: type them exactly to discard.").await;
+    assert_eq!(dead_count(&t).await, 2, "{t}: nothing discarded on wrong words");
+    client.find(Locator::Css("#typed")).await.expect("typed field").send_keys("discard 1").await.expect("type");
+    click(client, "#confirm").await;
+    wait_text(client, "#changed", "1").await;
+    assert_eq!(dead_count(&t).await, 1, "{t}: the matching dead event discarded");
+    client.clone().close().await.ok();
+}
+
+async fn without_the_token_or_its_csrf_nothing_changes(t: TestDb) {
+    seed(&t).await;
+    let Some(browser) = browser().await else { return };
+    let client = &browser.client;
+    let before = outbox_rows(&t).await;
+    let replay_all = "scope=filter&confirmed=yes&expected=3&csrf=";
+
+    // Read-only: no button, no sign-in, and a hand-made POST is refused.
+    let url = serve(&t, DashboardConfig::read_only()).await;
+    client.goto(&format!("{url}/dead")).await.expect("open");
+    assert!(!has(client, "button.action").await && !has(client, "#token").await, "{t}: read-only page");
+    assert_eq!(post_from_page(client, &format!("{url}/actions/replay"), replay_all).await, 403, "{t}");
+    assert_eq!(post_from_page(client, &format!("{url}/login"), &format!("token={TOKEN}")).await, 403, "{t}");
+
+    // With a token: signed in, but a wrong CSRF token is refused; so is a POST without the session.
+    let url = serve(&t, DashboardConfig::read_only().with_admin_token(TOKEN).expect("token")).await;
+    client.goto(&format!("{url}/dead")).await.expect("open");
+    assert_eq!(post_from_page(client, &format!("{url}/actions/replay"), replay_all).await, 403, "{t}: not signed in");
+    client.find(Locator::Css("#token")).await.expect("token field").send_keys(TOKEN).await.expect("type");
+    click(client, "#sign-in").await;
+    wait_text(client, "#signed-in", "signed in as admin").await;
+    let forged = format!("{replay_all}{}", "0".repeat(64));
+    assert_eq!(post_from_page(client, &format!("{url}/actions/replay"), &forged).await, 403, "{t}: wrong CSRF");
+    assert_eq!(post_from_page(client, &format!("{url}/actions/discard"), &forged).await, 403, "{t}: wrong CSRF");
+    assert_eq!(outbox_rows(&t).await, before, "{t}: a refused POST changed rows");
+    client.clone().close().await.ok();
+}
+
+per_backend!(what_the_page_shows_is_what_the_database_holds, "dash_shows");
+per_backend!(a_dead_event_is_found_opened_and_replayed_with_the_token, "dash_replay");
+per_backend!(without_the_token_or_its_csrf_nothing_changes, "dash_refuse");
