@@ -19,6 +19,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m20261215_000004_inbox_retention_index::Migration),
         Box::new(m20261216_000005_foreign_writers::Migration),
         Box::new(m20261217_000006_one_pending_index::Migration),
+        Box::new(m20261218_000007_dead_index::Migration),
     ]
 }
 
@@ -593,6 +594,53 @@ pub mod m20261217_000006_one_pending_index {
                     .await
                 }
             }
+        }
+    }
+}
+
+/// Indexes the dead rows, for the dashboard's and `outbox dead`'s lists and counts: without it, listing
+/// the oldest dead rows walked the primary key past every published row (340 ms on PostgreSQL with 1M
+/// published rows and 10k dead ones; `relay-bench --scenario dashboard`).
+///
+/// PostgreSQL and SQLite: a partial index holding the dead rows only, so writers and the relay never
+/// touch it (a row enters it when it dies). Its predicate is not implied by the claim's, so no claim
+/// statement can choose it. MySQL/MariaDB, without partial indexes: `(dead_at_ms, seq)`, whose range
+/// `dead_at_ms IS NOT NULL` holds the dead rows.
+#[allow(non_camel_case_types)]
+pub mod m20261218_000007_dead_index {
+    use super::*;
+
+    /// The migration.
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m20261218_000007_dead_index"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            if done_already(manager, "outbox_events", Some("outbox_events_dead")).await? {
+                return Ok(());
+            }
+            let create: &str = match manager.get_database_backend() {
+                DbBackend::MySql => "CREATE INDEX outbox_events_dead ON outbox_events (dead_at_ms, seq)",
+                _ => {
+                    "CREATE INDEX outbox_events_dead ON outbox_events (seq) \
+                     WHERE dead_at_ms IS NOT NULL AND published_at_ms IS NULL"
+                }
+            };
+            execute_all(manager, &[create]).await
+        }
+
+        async fn down(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            let drop: &str = match manager.get_database_backend() {
+                DbBackend::MySql => "DROP INDEX outbox_events_dead ON outbox_events",
+                _ => "DROP INDEX outbox_events_dead",
+            };
+            execute_all(manager, &[drop]).await
         }
     }
 }

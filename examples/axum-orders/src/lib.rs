@@ -5,7 +5,9 @@
 //! - the relay publishes committed events to the broker, in a background task;
 //! - billing consumes them through the consume driver and writes `invoices` through the
 //!   `#[idempotent_handler]` [`orders::bill`], so a redelivered event is billed once;
-//! - `GET /orders/{id}` and `GET /invoices` show the result.
+//! - `GET /orders/{id}` and `GET /invoices` show the result;
+//! - `/ops/outbox` is the outbox's operations dashboard ([`outbox_seaorm::dashboard`]), read-only here; an
+//!   app mounts it behind its own auth, and gives it an admin token to allow replay and discard.
 //!
 //! The binary (`main.rs`) picks the database and the broker; [`serve`] is the whole app, so a test can
 //! run it on an ephemeral port. `src/orders.rs` is the README's quick start, verbatim.
@@ -23,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use outbox_seaorm::consume::Transport;
+use outbox_seaorm::dashboard::{Dashboard, DashboardConfig};
 use outbox_seaorm::prelude::*;
 use outbox_seaorm::{BoxError, CancellationToken, OutboxService, Publisher, SeaOrmGroupCommit};
 use sea_orm::{DatabaseConnection, DbErr, EntityTrait, QueryOrder, SqlErr};
@@ -73,7 +76,8 @@ where
             outcome
         }
     });
-    let app = router(AppState { orders: OrderService { db: db.clone() }, db });
+    let dashboard = Dashboard::new(db.clone(), DashboardConfig::read_only()).router();
+    let app = router(AppState { orders: OrderService { db: db.clone() }, db }).nest("/ops/outbox", dashboard);
     let served = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned()).await;
     shutdown.cancel();
     let outbox = outbox.await?;

@@ -95,6 +95,9 @@ async fn every_order_is_published_and_invoiced_once(db: DatabaseConnection) {
     let (status, order) = call(addr, Method::GET, "/orders/o3", Value::Null).await;
     assert_eq!((status, &order["customer"]), (StatusCode::OK, &json!("edsger")));
     assert_eq!(call(addr, Method::GET, "/orders/o9", Value::Null).await.0, StatusCode::NOT_FOUND);
+    // The outbox's dashboard, mounted by the app: read-only, so an action is refused.
+    assert_eq!(call(addr, Method::GET, "/ops/outbox", Value::Null).await.0, StatusCode::OK);
+    assert_eq!(call(addr, Method::POST, "/ops/outbox/actions/replay", Value::Null).await.0, StatusCode::FORBIDDEN);
 
     // Graceful shutdown: the server, the relay and billing all stop.
     shutdown.cancel();

@@ -1,6 +1,7 @@
 //! The `outbox` binary, run as a process: bad URLs fail without showing the password, `check` reports a
 //! read-only database, `stats --json` parses, and `relay` survives a broker that is down at start and
-//! stops cleanly on SIGTERM, and `relay --http` serves `/metrics` and the health probes.
+//! stops cleanly on SIGTERM, `relay --http` serves `/metrics` and the health probes, and the dashboard (beside
+//! the relay, or alone) shows the outbox and refuses actions without the admin token.
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -339,6 +340,11 @@ fn free_port() -> u16 {
 /// `GET path` over plain HTTP/1.1; the status code and the body. Retries the connection for 10 s while the
 /// relay starts.
 fn get(port: u16, path: &str) -> (u16, String) {
+    request(port, "GET", path)
+}
+
+/// `method path` without a body, as [`get`].
+fn request(port: u16, method: &str, path: &str) -> (u16, String) {
     use std::io::{Read as _, Write as _};
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut stream = loop {
@@ -348,7 +354,8 @@ fn get(port: u16, path: &str) -> (u16, String) {
             Err(error) => panic!("nothing answers on port {port}: {error}"),
         }
     };
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    let request =
+        format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).expect("send request");
     let mut response = String::new();
     stream.read_to_string(&mut response).expect("read response");
@@ -419,3 +426,77 @@ async fn ready_is_503_with_the_reason_while_the_broker_is_down(t: TestDb) {
     assert!(output.status.success(), "{t}: {}", text(&output));
 }
 per_backend!(ready_is_503_with_the_reason_while_the_broker_is_down, "cli_http_down");
+
+async fn relay_dashboard_shows_its_relay_and_refuses_actions_without_the_token(t: TestDb) {
+    // A token too short to be safe is refused before anything starts, and not printed.
+    let short = run(
+        &t,
+        &[
+            "relay",
+            "--broker",
+            "redis://127.0.0.1:6379",
+            "--http",
+            "127.0.0.1:1",
+            "--dashboard",
+            "--admin-token",
+            "tooshort-42",
+        ],
+    );
+    assert!(!short.status.success(), "{t}: {}", text(&short));
+    assert!(
+        text(&short).contains("at least 16 bytes") && !text(&short).contains("tooshort-42"),
+        "{t}: {}",
+        text(&short)
+    );
+
+    enqueue(&t, &[order("o1", "order.placed"), order("o2", "order.placed")]).await;
+    let stream = format!("outbox-cli-dashboard:{}", outbox_integration_tests::run_suffix());
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = spawn_relay_with(&t, "redis://127.0.0.1:6379", &stream, &["--http", &addr, "--dashboard"]);
+    // The page beside /metrics shows this process's relay once it has passed, and the backlog it drained.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, page) = get(port, "/");
+        assert_eq!(status, 200, "{t}: {page}");
+        if page.contains(r#"id="relay-state">healthy<"#) && page.contains(r#"id="pending">0<"#) {
+            assert!(page.contains("redis://127.0.0.1:6379"), "{t}: the broker is shown");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{t}: the dashboard never showed a healthy relay and no backlog: {page}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(get(port, "/metrics").0, 200, "{t}: /metrics still served");
+    assert_eq!(request(port, "POST", "/actions/replay").0, 403, "{t}: read-only without --admin-token");
+    let output = relay.terminate();
+    assert!(output.status.success(), "{t}: {}", text(&output));
+    assert_eq!(published(&t).await, 2, "{t}");
+}
+per_backend!(relay_dashboard_shows_its_relay_and_refuses_actions_without_the_token, "cli_dashboard");
+
+#[test]
+fn the_dashboard_alone_serves_the_pages_until_sigterm() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let t = runtime.block_on(outbox_integration_tests::primary_backend("cli_dashboard_alone"));
+    let port = free_port();
+    let (url, extra) = target(&t);
+    let token = "an-admin-token-for-this-test-0123";
+    let child = outbox()
+        .env("DATABASE_URL", url)
+        .env("OUTBOX_ADMIN_TOKEN", token)
+        .args(extra)
+        .args(["dashboard", "--http", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn outbox dashboard");
+    let running = Running(Some(child));
+    let (status, page) = get(port, "/");
+    assert_eq!(status, 200, "{t}: {page}");
+    assert!(page.contains(r#"id="token""#) && !page.contains(token), "{t}: a sign-in form, and no token in the page");
+    assert_eq!(get(port, "/dead").0, 200, "{t}");
+    assert_eq!(request(port, "POST", "/actions/discard").0, 403, "{t}: not signed in");
+    let output = running.terminate();
+    assert!(output.status.success(), "{t}: {}", text(&output));
+    assert!(!text(&output).contains(token), "{t}: the token was printed");
+}

@@ -8,10 +8,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sea_orm::sea_query::extension::mysql::{IndexHintScope, MySqlSelectStatementExt};
 use sea_orm::sea_query::{Cond, Expr, ExprTrait, Func, LikeExpr, Query};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect,
 };
 use serde::Serialize;
 
@@ -212,14 +213,24 @@ impl DeadEvent {
 /// The first `limit` dead events `filter` selects, oldest first (by sequence), without payloads.
 pub async fn list_dead<C: ConnectionTrait>(db: &C, filter: &DeadFilter, limit: u64) -> Result<Vec<DeadEvent>> {
     let backend = db.get_database_backend();
-    let rows = Entity::find()
-        .filter(filter.condition(Utc::now()))
+    let rows = dead_rows(backend, filter)
         .order_by_asc(Column::Seq)
         .limit(limit)
         .all(db)
         .await
         .map_err(|e| store_error("list dead events", "outbox_events", backend, e))?;
     Ok(rows.into_iter().map(|model| DeadEvent::of(model, false)).collect())
+}
+
+/// The dead rows `filter` selects, read through `outbox_events_dead`. MySQL/MariaDB get the index by
+/// force: for `ORDER BY seq LIMIT n` the optimizer preferred walking the primary key past every published
+/// row (1.2 s with 1M published rows and 10k dead ones, against 10 ms).
+pub(crate) fn dead_rows(backend: DbBackend, filter: &DeadFilter) -> sea_orm::Select<Entity> {
+    let mut select = Entity::find().filter(filter.condition(Utc::now()));
+    if backend == DbBackend::MySql {
+        QuerySelect::query(&mut select).force_index("outbox_events_dead", IndexHintScope::All);
+    }
+    select
 }
 
 /// How many dead events `filter` selects: what a replay or discard of it would change now.

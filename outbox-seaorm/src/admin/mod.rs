@@ -34,18 +34,20 @@ pub use stats::{GroupStats, Stats, StatsMode, stats, stats_in};
 pub use outbox_runtime::CleanupConfig;
 
 pub(crate) use cleanup::{cutoff_ms, delete_in_batches};
-pub(crate) use dead::rfc3339;
+#[cfg(feature = "dashboard")]
+pub(crate) use dead::{dead_rows, rfc3339};
 pub(crate) use stats::totals;
 
 /// The names of the outbox migrations, oldest first: what [`pending_migrations`] looks for (also without
 /// the `migrations` feature).
-pub const MIGRATION_NAMES: [&str; 6] = [
+pub const MIGRATION_NAMES: [&str; 7] = [
     "m20261129_000001_create_outbox",
     "m20261129_000002_create_inbox",
     "m20261201_000003_aggregate_versions",
     "m20261215_000004_inbox_retention_index",
     "m20261216_000005_foreign_writers",
     "m20261217_000006_one_pending_index",
+    "m20261218_000007_dead_index",
 ];
 
 #[cfg(all(test, feature = "migrations"))]

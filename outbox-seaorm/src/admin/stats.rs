@@ -2,8 +2,11 @@
 
 use chrono::Utc;
 use outbox_runtime::store::OutboxStats;
+use std::collections::BTreeMap;
+
+use sea_orm::sea_query::extension::mysql::{IndexHintScope, MySqlSelectStatementExt};
 use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query, SelectStatement};
-use sea_orm::{ConnectionTrait, DbErr, QueryResult};
+use sea_orm::{ConnectionTrait, DbBackend, DbErr, QueryResult};
 use serde::Serialize;
 
 use crate::entity::outbox_event::{Column, Entity};
@@ -56,8 +59,7 @@ pub struct Stats {
     pub by_event_type: Vec<GroupStats>,
 }
 
-/// Reads the backlog figures now. Two grouped reads of the unpublished rows; published rows are not
-/// read.
+/// Reads the backlog figures now: one grouped read of the unpublished rows; published rows are not read.
 ///
 /// ```no_run
 /// # async fn demo(db: &sea_orm::DatabaseConnection) -> outbox_seaorm::Result<()> {
@@ -79,19 +81,37 @@ pub async fn stats_in<C: ConnectionTrait>(db: &C, mode: StatsMode) -> Result<Sta
     let backend = db.get_database_backend();
     let error = |e| store_error("read stats", "outbox_events", backend, e);
     let now_ms = Utc::now().timestamp_millis();
-    let by_aggregate_type = grouped(db, Column::AggregateType, now_ms).await.map_err(error)?;
-    let by_event_type = grouped(db, Column::EventType, now_ms).await.map_err(error)?;
+    // One pass over the unpublished rows, per (aggregate type, event type); each table folds it.
+    let pairs = db.query_all(&figures_query(backend, true)).await.map_err(error)?;
+    let mut by_aggregate_type = BTreeMap::<String, OutboxStats>::new();
+    let mut by_event_type = BTreeMap::<String, OutboxStats>::new();
     let mut stats = Stats::default();
-    for group in &by_aggregate_type {
-        let (totals, figures) = (&mut stats.totals, &group.figures);
-        totals.pending += figures.pending;
-        totals.dead += figures.dead;
-        totals.oldest_pending_seconds = Ord::max(totals.oldest_pending_seconds, figures.oldest_pending_seconds);
-        totals.max_attempts = Ord::max(totals.max_attempts, figures.max_attempts);
+    for row in &pairs {
+        let figures = figures(row, now_ms).map_err(error)?;
+        let aggregate_type: String = row.try_get("", "aggregate_type").map_err(error)?;
+        let event_type: String = row.try_get("", "event_type").map_err(error)?;
+        for into in [
+            by_aggregate_type.entry(aggregate_type).or_default(),
+            by_event_type.entry(event_type).or_default(),
+            &mut stats.totals,
+        ] {
+            add(into, &figures);
+        }
     }
-    stats.by_aggregate_type = by_aggregate_type;
-    stats.by_event_type = by_event_type;
+    let groups = |map: BTreeMap<String, OutboxStats>| {
+        map.into_iter().map(|(name, figures)| GroupStats { name, figures }).collect()
+    };
+    stats.by_aggregate_type = groups(by_aggregate_type);
+    stats.by_event_type = groups(by_event_type);
     Ok(stats)
+}
+
+/// Adds the figures of one group to a larger one.
+fn add(into: &mut OutboxStats, figures: &OutboxStats) {
+    into.pending += figures.pending;
+    into.dead += figures.dead;
+    into.oldest_pending_seconds = Ord::max(into.oldest_pending_seconds, figures.oldest_pending_seconds);
+    into.max_attempts = Ord::max(into.max_attempts, figures.max_attempts);
 }
 
 async fn cdc_stats<C: ConnectionTrait>(db: &C) -> Result<Stats> {
@@ -116,24 +136,27 @@ async fn cdc_stats<C: ConnectionTrait>(db: &C) -> Result<Stats> {
     })
 }
 
-async fn grouped<C: ConnectionTrait>(db: &C, by: Column, now_ms: i64) -> std::result::Result<Vec<GroupStats>, DbErr> {
-    let rows = db.query_all(&figures_query(Some(by))).await?;
-    rows.iter().map(|row| Ok(GroupStats { name: row.try_get("", "name")?, figures: figures(row, now_ms)? })).collect()
-}
-
 /// The figures of the whole outbox: what `MaintenanceStore::stats` reads for the stats sampler.
 pub(crate) async fn totals<C: ConnectionTrait>(db: &C, now_ms: i64) -> std::result::Result<OutboxStats, DbErr> {
-    match db.query_one(&figures_query(None)).await? {
+    match db.query_one(&figures_query(db.get_database_backend(), false)).await? {
         Some(row) => figures(&row, now_ms),
         None => Ok(OutboxStats::default()),
     }
 }
 
-/// The one query of the backlog figures: over the unpublished rows, per `by` or in all.
-fn figures_query(by: Option<Column>) -> SelectStatement {
+/// The one query of the backlog figures: over the unpublished rows, per (aggregate type, event type) or
+/// in all.
+///
+/// MySQL/MariaDB read them through `outbox_events_pending` (`published_at_ms, seq`) by force: for a
+/// `GROUP BY` the optimizer preferred walking the whole `outbox_events_version` index in group order, every
+/// published row included (9 s with 1M published rows and 110k unpublished ones, against 0.3 s).
+fn figures_query(backend: DbBackend, grouped: bool) -> SelectStatement {
     let mut query = Query::select();
-    if let Some(by) = by {
-        query.expr_as(Expr::col(by), Alias::new("name")).group_by_col(by).order_by(by, sea_orm::Order::Asc);
+    if grouped {
+        query
+            .columns([Column::AggregateType, Column::EventType])
+            .group_by_col(Column::AggregateType)
+            .group_by_col(Column::EventType);
     }
     query
         .expr_as(Expr::cust("COUNT(CASE WHEN dead_at_ms IS NULL THEN 1 END)"), Alias::new("pending"))
@@ -142,6 +165,9 @@ fn figures_query(by: Option<Column>) -> SelectStatement {
         .expr_as(Expr::cust("MAX(attempts)"), Alias::new("max_attempts"))
         .from(Entity)
         .and_where(Expr::col(Column::PublishedAtMs).is_null());
+    if backend == DbBackend::MySql {
+        query.force_index("outbox_events_pending", IndexHintScope::All);
+    }
     query
 }
 

@@ -26,8 +26,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Every query is bounded: the figures read the unpublished rows only, lists have a `LIMIT` and a keyset
-//! on `seq`, the chart counts a range of the published-time index every 10 seconds.
+//! Every query is bounded: the backlog figures read the unpublished rows once per refresh interval
+//! whatever the number of browsers (in the background, and only while someone looks), lists have a
+//! `LIMIT` and a keyset on `seq` over the dead rows' index, the chart counts a range of the
+//! published-time index every 10 seconds.
 
 mod auth;
 mod chart;
@@ -36,12 +38,14 @@ mod read;
 mod view;
 
 use std::fmt;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{OriginalUri, Path, RawQuery, State};
+use axum::extract::{FromRequestParts, OriginalUri, Path, RawQuery, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -56,6 +60,7 @@ use crate::{Error, Result};
 use auth::{Admin, Gate};
 use chart::{Sample, Series};
 use form::{DeadQuery, field};
+use read::Backlog;
 use view::Frame;
 
 /// The shortest admin token accepted.
@@ -174,6 +179,8 @@ impl Dashboard {
             config: self.config,
             health: self.health,
             series: Mutex::new(Series::default()),
+            backlog: Mutex::new(None),
+            viewed_at_ms: AtomicI64::new(0),
             sampler: OnceLock::new(),
         });
         Router::new()
@@ -196,20 +203,37 @@ struct Shared {
     config: DashboardConfig,
     health: Option<HealthSource>,
     series: Mutex<Series>,
+    /// The last reading of the backlog: the pages show it, the sampler renews it.
+    backlog: Mutex<Option<std::result::Result<Backlog, String>>>,
+    /// When a page last showed the backlog (epoch ms): the sampler reads it only while someone looks.
+    viewed_at_ms: AtomicI64,
     sampler: OnceLock<()>,
 }
 
-/// The request's place: where the dashboard is mounted and who asks.
+/// How long after the last view the sampler keeps reading the backlog.
+const VIEWED_FOR: Duration = Duration::from_secs(120);
+
+/// The request's place: where the dashboard is mounted, who asks, and the headers that say so.
 struct Visit {
     base: String,
     admin: Option<Admin>,
+    headers: HeaderMap,
+}
+
+impl FromRequestParts<Arc<Shared>> for Visit {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> std::result::Result<Self, Self::Rejection> {
+        let original = parts.extensions.get::<OriginalUri>().map_or(&parts.uri, |o| &o.0);
+        Ok(Visit {
+            base: base(original, &parts.uri),
+            admin: shared.gate.admin(&parts.headers),
+            headers: parts.headers.clone(),
+        })
+    }
 }
 
 impl Shared {
-    fn visit(&self, original: &Uri, uri: &Uri, headers: &HeaderMap) -> Visit {
-        Visit { base: base(original, uri), admin: self.gate.admin(headers) }
-    }
-
     fn frame<'a>(&self, visit: &'a Visit) -> Frame<'a> {
         Frame {
             base: &visit.base,
@@ -219,37 +243,65 @@ impl Shared {
         }
     }
 
-    /// Starts the chart's sampler once; it stops when the router is dropped.
+    /// Starts the sampler once; it stops when the router is dropped. Every tick it counts the rows
+    /// published since the last chart sample (every `sample_every`, viewed or not: a range of the
+    /// published-time index) and, while a page was viewed in the last two minutes, reads the backlog
+    /// again (every `refresh`): the pages answer from memory however many browsers refresh them.
     fn start_sampler(self: &Arc<Self>) {
         self.sampler.get_or_init(|| {
             let shared = Arc::downgrade(self);
-            let every = self.config.sample_every;
+            let (refresh, every) = (self.config.refresh, self.config.sample_every);
             tokio::spawn(async move {
                 let mut from_ms = Utc::now().timestamp_millis() - every.as_millis() as i64;
                 loop {
                     let Some(this) = shared.upgrade() else { break };
-                    let to_ms = Utc::now().timestamp_millis();
-                    match read::published_between(&this.db, from_ms, to_ms).await {
-                        Ok(n) => {
-                            let per_second = n as f64 * 1000.0 / (to_ms - from_ms).max(1) as f64;
-                            this.series
-                                .lock()
-                                .unwrap_or_else(PoisonError::into_inner)
-                                .push(Sample { at_ms: to_ms, per_second });
-                            from_ms = to_ms;
+                    let now_ms = Utc::now().timestamp_millis();
+                    if now_ms - from_ms >= every.as_millis() as i64 {
+                        match read::published_between(&this.db, from_ms, now_ms).await {
+                            Ok(n) => {
+                                let per_second = n as f64 * 1000.0 / Ord::max(now_ms - from_ms, 1) as f64;
+                                this.series
+                                    .lock()
+                                    .unwrap_or_else(PoisonError::into_inner)
+                                    .push(Sample { at_ms: now_ms, per_second });
+                                from_ms = now_ms;
+                            }
+                            Err(error) => tracing::debug!(%error, "dashboard: cannot sample the published rate"),
                         }
-                        Err(error) => tracing::debug!(%error, "dashboard: cannot sample the published rate"),
+                    }
+                    let viewed = now_ms - this.viewed_at_ms.load(Ordering::Relaxed) < VIEWED_FOR.as_millis() as i64;
+                    let read_at = match &*this.backlog.lock().unwrap_or_else(PoisonError::into_inner) {
+                        Some(Ok(backlog)) => backlog.read_at_ms,
+                        _ => 0,
+                    };
+                    if viewed && now_ms - read_at >= refresh.as_millis() as i64 {
+                        let _kept_for_the_pages = this.read_backlog().await;
                     }
                     drop(this);
-                    tokio::time::sleep(every).await;
+                    tokio::time::sleep(Ord::min(refresh, every)).await;
                 }
             });
         });
     }
 
-    async fn overview_markup(self: &Arc<Self>, frame: &Frame<'_>) -> Markup {
-        self.start_sampler();
+    /// Reads the backlog now and keeps it for the pages.
+    async fn read_backlog(&self) -> std::result::Result<Backlog, String> {
         let backlog = read::backlog(&self.db).await.map_err(|e| e.to_string());
+        if let Err(error) = &backlog {
+            tracing::debug!(%error, "dashboard: cannot read the backlog");
+        }
+        *self.backlog.lock().unwrap_or_else(PoisonError::into_inner) = Some(backlog.clone());
+        backlog
+    }
+
+    async fn overview_markup(self: &Arc<Self>, frame: &Frame<'_>) -> Markup {
+        self.viewed_at_ms.store(Utc::now().timestamp_millis(), Ordering::Relaxed);
+        self.start_sampler();
+        let kept = self.backlog.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let backlog = match kept {
+            Some(backlog) => backlog,
+            None => self.read_backlog().await,
+        };
         let samples = self.series.lock().unwrap_or_else(PoisonError::into_inner).samples();
         let overview = view::Overview {
             backlog,
@@ -271,32 +323,18 @@ fn base(original: &Uri, uri: &Uri) -> String {
 
 type Ctx = State<Arc<Shared>>;
 
-async fn index(State(s): Ctx, OriginalUri(original): OriginalUri, uri: Uri, headers: HeaderMap) -> Response {
-    let visit = s.visit(&original, &uri, &headers);
+async fn index(State(s): Ctx, visit: Visit) -> Response {
     let frame = s.frame(&visit);
     let body = s.overview_markup(&frame).await;
     html(StatusCode::OK, view::page(&frame, "Overview", body))
 }
 
-async fn overview_fragment(
-    State(s): Ctx,
-    OriginalUri(original): OriginalUri,
-    uri: Uri,
-    headers: HeaderMap,
-) -> Response {
-    let visit = s.visit(&original, &uri, &headers);
+async fn overview_fragment(State(s): Ctx, visit: Visit) -> Response {
     let frame = s.frame(&visit);
     html(StatusCode::OK, s.overview_markup(&frame).await)
 }
 
-async fn dead(
-    State(s): Ctx,
-    OriginalUri(original): OriginalUri,
-    uri: Uri,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    let visit = s.visit(&original, &uri, &headers);
+async fn dead(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> Response {
     let frame = s.frame(&visit);
     let pairs = form::pairs(query.unwrap_or_default().as_bytes());
     let dead_query = DeadQuery::from_pairs(&pairs);
@@ -316,14 +354,7 @@ async fn dead(
     html(status, view::page(&frame, "Dead events", view::dead_list(&frame, &list)))
 }
 
-async fn event(
-    State(s): Ctx,
-    OriginalUri(original): OriginalUri,
-    uri: Uri,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    let visit = s.visit(&original, &uri, &headers);
+async fn event(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> Response {
     let frame = s.frame(&visit);
     let pairs = form::pairs(query.unwrap_or_default().as_bytes());
     let id = crate::__support::truncate(field(&pairs, "id").unwrap_or_default(), 200);
@@ -336,14 +367,7 @@ async fn event(
     }
 }
 
-async fn login(
-    State(s): Ctx,
-    OriginalUri(original): OriginalUri,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let visit = s.visit(&original, &uri, &headers);
+async fn login(State(s): Ctx, visit: Visit, body: Bytes) -> Response {
     let frame = s.frame(&visit);
     let pairs = form::pairs(&body);
     match s.gate.sign_in(field(&pairs, "token").unwrap_or_default()) {
@@ -365,20 +389,13 @@ async fn login(
     }
 }
 
-async fn logout(
-    State(s): Ctx,
-    OriginalUri(original): OriginalUri,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let visit = s.visit(&original, &uri, &headers);
+async fn logout(State(s): Ctx, visit: Visit, body: Bytes) -> Response {
     let frame = s.frame(&visit);
     let pairs = form::pairs(&body);
-    if let Err(refusal) = s.gate.authorize(&headers, field(&pairs, "csrf")) {
+    if let Err(refusal) = s.gate.authorize(&visit.headers, field(&pairs, "csrf")) {
         return refused(&frame, refusal);
     }
-    s.gate.sign_out(&headers);
+    s.gate.sign_out(&visit.headers);
     let cookie =
         format!("{}=; Path={}; HttpOnly; SameSite=Strict; Max-Age=0", auth::COOKIE_NAME, view::home(&visit.base));
     redirect(view::home(&visit.base), Some(cookie))
@@ -399,18 +416,10 @@ impl Action {
     }
 }
 
-async fn action(
-    State(s): Ctx,
-    OriginalUri(original): OriginalUri,
-    uri: Uri,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    body: Bytes,
-) -> Response {
-    let visit = s.visit(&original, &uri, &headers);
+async fn action(State(s): Ctx, visit: Visit, Path(name): Path<String>, body: Bytes) -> Response {
     let frame = s.frame(&visit);
     let pairs = form::pairs(&body);
-    let admin = match s.gate.authorize(&headers, field(&pairs, "csrf")) {
+    let admin = match s.gate.authorize(&visit.headers, field(&pairs, "csrf")) {
         Ok(admin) => admin,
         Err(refusal) => return refused(&frame, refusal),
     };

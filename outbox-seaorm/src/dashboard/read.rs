@@ -1,10 +1,11 @@
-//! What the pages read: every query bounded by an index and a `LIMIT`, or by the pending rows only.
+//! What the pages read: every query bounded by an index and a `LIMIT`, or by the unpublished rows only.
 
 use chrono::Utc;
-use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
-use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::sea_query::{Alias, Cond, Expr, ExprTrait, Query};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use crate::admin::{self, DeadEvent, DeadFilter, Stats};
+use crate::entity::outbox_aggregate;
 use crate::entity::outbox_event::{self, Column, Entity};
 use crate::error::{Result, store_error};
 
@@ -20,28 +21,64 @@ pub(super) struct Behind {
     pub aggregate_id: String,
     pub pending: u64,
     pub dead: u64,
+    /// How long it has been due for the relay, whole seconds.
+    pub due_seconds: u64,
     /// Age of its oldest unpublished event, whole seconds.
     pub oldest_seconds: u64,
 }
 
-/// The backlog figures, per type and for the aggregates most behind.
+/// The backlog figures, per type and for the aggregates most behind, and how long reading them took.
+#[derive(Clone, Debug)]
 pub(super) struct Backlog {
     pub stats: Stats,
     pub behind: Vec<Behind>,
+    pub read_at_ms: i64,
+    pub took_ms: u64,
 }
 
 pub(super) async fn backlog<C: ConnectionTrait>(db: &C) -> Result<Backlog> {
+    let started = std::time::Instant::now();
     let stats = admin::stats(db).await?;
     let behind = if stats.totals.pending + stats.totals.dead == 0 { Vec::new() } else { behind(db).await? };
-    Ok(Backlog { stats, behind })
+    Ok(Backlog {
+        stats,
+        behind,
+        read_at_ms: Utc::now().timestamp_millis(),
+        took_ms: started.elapsed().as_millis() as u64,
+    })
 }
 
-/// The aggregates whose oldest unpublished event is oldest: one grouped read of the unpublished rows
-/// (the partial `outbox_events_runs` index holds exactly those), cut to [`BEHIND_LIMIT`].
+/// The aggregates due for the relay the longest (`outbox_aggregates_due`, soonest first; an aggregate
+/// becomes due when its first pending event is written, and a retried or dead head moves it later), then
+/// their unpublished rows, [`BEHIND_LIMIT`] keyed probes of `outbox_events_runs`.
 async fn behind<C: ConnectionTrait>(db: &C) -> Result<Vec<Behind>> {
     let backend = db.get_database_backend();
-    let error = |e| store_error("read the aggregates most behind", "outbox_events", backend, e);
+    let error = |e| store_error("read the aggregates most behind", "outbox_aggregates", backend, e);
     let now_ms = Utc::now().timestamp_millis();
+    let due: Vec<(String, String, i64)> = outbox_aggregate::Entity::find()
+        .select_only()
+        .column(outbox_aggregate::Column::AggregateType)
+        .column(outbox_aggregate::Column::AggregateId)
+        .column(outbox_aggregate::Column::DueAtMs)
+        .filter(outbox_aggregate::Column::DueAtMs.is_not_null())
+        .filter(outbox_aggregate::Column::DueAtMs.lt(i64::MAX))
+        .order_by_asc(outbox_aggregate::Column::DueAtMs)
+        .limit(BEHIND_LIMIT)
+        .into_tuple()
+        .all(db)
+        .await
+        .map_err(error)?;
+    if due.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut keys = Cond::any();
+    for (aggregate_type, aggregate_id, _) in &due {
+        keys = keys.add(
+            Cond::all()
+                .add(Column::AggregateType.eq(aggregate_type.as_str()))
+                .add(Column::AggregateId.eq(aggregate_id.as_str())),
+        );
+    }
     let mut query = Query::select();
     query
         .column(Column::AggregateType)
@@ -51,25 +88,33 @@ async fn behind<C: ConnectionTrait>(db: &C) -> Result<Vec<Behind>> {
         .expr_as(Expr::cust("MIN(created_at_ms)"), Alias::new("oldest"))
         .from(Entity)
         .and_where(Expr::col(Column::PublishedAtMs).is_null())
+        .cond_where(keys)
         .group_by_col(Column::AggregateType)
-        .group_by_col(Column::AggregateId)
-        .order_by_expr(Expr::cust("MIN(created_at_ms)"), sea_orm::Order::Asc)
-        .limit(BEHIND_LIMIT);
+        .group_by_col(Column::AggregateId);
     let rows = db.query_all(&query).await.map_err(error)?;
-    rows.iter()
-        .map(|row| {
-            let count = |name| row.try_get::<Option<i64>>("", name).map(|n| Ord::max(n.unwrap_or_default(), 0) as u64);
-            let oldest: Option<i64> = row.try_get("", "oldest")?;
-            Ok(Behind {
-                aggregate_type: row.try_get("", "aggregate_type")?,
-                aggregate_id: row.try_get("", "aggregate_id")?,
-                pending: count("pending")?,
-                dead: count("dead")?,
-                oldest_seconds: oldest.map(|ms| Ord::max(now_ms - ms, 0) as u64 / 1000).unwrap_or_default(),
+    let mut found = std::collections::HashMap::new();
+    for row in &rows {
+        let count = |name| row.try_get::<Option<i64>>("", name).map(|n| Ord::max(n.unwrap_or_default(), 0) as u64);
+        let key: (String, String) =
+            (row.try_get("", "aggregate_type").map_err(error)?, row.try_get("", "aggregate_id").map_err(error)?);
+        let oldest: Option<i64> = row.try_get("", "oldest").map_err(error)?;
+        found.insert(key, (count("pending").map_err(error)?, count("dead").map_err(error)?, oldest));
+    }
+    let age = |ms: i64| Ord::max(now_ms - ms, 0) as u64 / 1000;
+    Ok(due
+        .into_iter()
+        .filter_map(|(aggregate_type, aggregate_id, due_at_ms)| {
+            let (pending, dead, oldest) = found.remove(&(aggregate_type.clone(), aggregate_id.clone()))?;
+            Some(Behind {
+                aggregate_type,
+                aggregate_id,
+                pending,
+                dead,
+                due_seconds: age(due_at_ms),
+                oldest_seconds: oldest.map(age).unwrap_or_default(),
             })
         })
-        .collect::<std::result::Result<_, DbErr>>()
-        .map_err(error)
+        .collect())
 }
 
 /// Rows published in `(from_ms, to_ms]`: a range of the published-time index.
@@ -100,7 +145,7 @@ pub(super) async fn dead_page<C: ConnectionTrait>(
     after: Option<i64>,
 ) -> Result<(Vec<DeadEvent>, bool)> {
     let backend = db.get_database_backend();
-    let mut select = Entity::find().filter(filter.condition(Utc::now()));
+    let mut select = admin::dead_rows(backend, filter);
     if let Some(after) = after {
         select = select.filter(Column::Seq.gt(after));
     }

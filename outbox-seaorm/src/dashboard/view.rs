@@ -117,10 +117,10 @@ pub(super) fn overview(frame: &Frame<'_>, overview: &Overview<'_>) -> Markup {
                     section {
                         h2 { "Aggregates most behind" }
                         @if backlog.behind.is_empty() {
-                            p.muted #behind-empty { "No aggregate has unpublished events." }
+                            p.muted #behind-empty { "No aggregate is waiting for the relay." }
                         } @else {
                             table #behind {
-                                thead { tr { th { "aggregate" } th.num { "pending" } th.num { "dead" } th.num { "oldest" } } }
+                                thead { tr { th { "aggregate" } th.num { "pending" } th.num { "dead" } th.num { "due for" } th.num { "oldest unpublished" } } }
                                 tbody {
                                     @for row in &backlog.behind {
                                         tr {
@@ -131,6 +131,7 @@ pub(super) fn overview(frame: &Frame<'_>, overview: &Overview<'_>) -> Markup {
                                                     a href={ (base) "/dead?" (DeadQuery { aggregate_type: Some(row.aggregate_type.clone()), aggregate_id: Some(row.aggregate_id.clone()), ..DeadQuery::default() }.query_string(&[])) } { (row.dead) }
                                                 } @else { "0" }
                                             }
+                                            td.num { (age(row.due_seconds)) }
                                             td.num { (age(row.oldest_seconds)) }
                                         }
                                     }
@@ -144,7 +145,9 @@ pub(super) fn overview(frame: &Frame<'_>, overview: &Overview<'_>) -> Markup {
                 h2 { "Relays in this process" }
                 (relays(overview.health.as_ref(), overview.details))
             }
-            p.muted.small { "Read at " (rfc3339(overview.now_ms)) }
+            @if let Ok(backlog) = &overview.backlog {
+                p.muted.small #read-at { "Backlog read at " (rfc3339(backlog.read_at_ms)) " in " (backlog.took_ms) " ms." }
+            }
         }
     }
 }

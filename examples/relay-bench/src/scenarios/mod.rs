@@ -3,6 +3,7 @@
 pub mod commit_rate;
 pub mod compose;
 pub mod consume;
+pub mod dashboard;
 pub mod enqueue_tax;
 pub mod latency;
 pub mod nats;
@@ -24,7 +25,7 @@ use crate::report::Run;
 use crate::target::Target;
 
 /// Every scenario name, in run order.
-pub const ALL: [&str; 18] = [
+pub const ALL: [&str; 19] = [
     "aggregates",
     "backlog",
     "batch",
@@ -43,6 +44,7 @@ pub const ALL: [&str; 18] = [
     "nats",
     "consume",
     "telemetry",
+    "dashboard",
 ];
 
 /// What every scenario needs to know about this invocation.
@@ -120,6 +122,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> Result<()> {
         "nats" => nats::run(ctx).await,
         "consume" => consume::run(ctx).await,
         "telemetry" => telemetry::run(ctx).await,
+        "dashboard" => dashboard::run(ctx).await,
         other => anyhow::bail!("unknown scenario {other:?}; expected one of {}", ALL.join(", ")),
     }
     .with_context(|| format!("scenario {name} on {}", ctx.target.label()))?;
