@@ -198,7 +198,7 @@ pub mod limits {
 #[doc(hidden)]
 pub mod __support {
     pub use crate::envelope::check_name;
-    pub use crate::text::{one_line, redact_secrets, redact_url, split_credentials, truncate};
+    pub use crate::text::{one_line, parse_duration, redact_secrets, redact_url, split_credentials, truncate};
 }
 
 // Events.

@@ -108,6 +108,28 @@ pub fn truncate(text: &str, max: usize) -> String {
     format!("{}…", &text[..end])
 }
 
+/// A duration as an operator types it: `250ms`, `30s`, `5m`, `2h`, `7d` (a bare number is seconds); the
+/// error names the accepted units. The `outbox` command's flags and the dashboard's age filter read it.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let shown = truncate(text, 40);
+    let value: u64 =
+        number.parse().map_err(|_| format!("{shown:?} is not a duration; expected e.g. 30s, 5m, 2h, 7d or 500ms"))?;
+    let unit_ms: u64 = match unit.trim() {
+        "ms" => 1,
+        "" | "s" => 1000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        other => {
+            return Err(format!("unknown unit {:?} in {shown:?}; expected one of ms, s, m, h, d", truncate(other, 20)));
+        }
+    };
+    value.checked_mul(unit_ms).map(std::time::Duration::from_millis).ok_or_else(|| format!("{shown:?} is too long"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

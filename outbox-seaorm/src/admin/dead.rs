@@ -236,8 +236,7 @@ pub(crate) fn dead_rows(backend: DbBackend, filter: &DeadFilter) -> sea_orm::Sel
 /// How many dead events `filter` selects: what a replay or discard of it would change now.
 pub async fn count_dead<C: ConnectionTrait>(db: &C, filter: &DeadFilter) -> Result<u64> {
     let backend = db.get_database_backend();
-    Entity::find()
-        .filter(filter.condition(Utc::now()))
+    dead_rows(backend, filter)
         .count(db)
         .await
         .map_err(|e| store_error("count dead events", "outbox_events", backend, e))

@@ -36,6 +36,8 @@ pub use outbox_runtime::CleanupConfig;
 pub(crate) use cleanup::{cutoff_ms, delete_in_batches};
 #[cfg(feature = "dashboard")]
 pub(crate) use dead::{dead_rows, rfc3339};
+#[cfg(feature = "dashboard")]
+pub(crate) use stats::count;
 pub(crate) use stats::totals;
 
 /// The names of the outbox migrations, oldest first: what [`pending_migrations`] looks for (also without

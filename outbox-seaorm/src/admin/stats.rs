@@ -183,7 +183,8 @@ fn figures(row: &QueryResult, now_ms: i64) -> std::result::Result<OutboxStats, D
     })
 }
 
-fn count(row: &QueryResult, name: &str) -> std::result::Result<u64, DbErr> {
+/// A `COUNT` column as `u64` (`None` and negatives as 0).
+pub(crate) fn count(row: &QueryResult, name: &str) -> std::result::Result<u64, DbErr> {
     Ok(Ord::max(row.try_get::<Option<i64>>("", name)?.unwrap_or_default(), 0) as u64)
 }
 

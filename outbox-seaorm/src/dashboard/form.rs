@@ -1,8 +1,6 @@
 //! The dead-event selection as a page's query string or an action's form: parsed, checked, and written
 //! back into links.
 
-use std::time::Duration;
-
 use outbox_runtime::EventId;
 
 use crate::admin::DeadFilter;
@@ -90,7 +88,7 @@ impl DeadQuery {
             filter = filter.error_contains(v.as_str());
         }
         if let Some(v) = &self.older_than {
-            filter = filter.older_than(age(v)?);
+            filter = filter.older_than(crate::__support::parse_duration(v)?);
         }
         Ok(filter)
     }
@@ -123,23 +121,10 @@ pub(super) fn ids(pairs: &[(String, String)]) -> Result<Vec<EventId>, String> {
         .collect()
 }
 
-/// `30s`, `15m`, `2h`, `7d`, or whole seconds.
-fn age(text: &str) -> Result<Duration, String> {
-    let bad = || format!("`{}` is not an age; expected e.g. 30s, 15m, 2h or 7d", crate::__support::truncate(text, 40));
-    let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let seconds = match unit.trim() {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(seconds).map(Duration::from_secs).ok_or_else(bad)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -158,6 +143,7 @@ mod tests {
         let long = DeadQuery { error: Some("x".repeat(MAX_FIELD + 1)), ..DeadQuery::default() };
         assert!(long.filter().unwrap_err().contains("longer than"));
         assert!(ids(&pairs(b"id=<script>")).unwrap_err().contains("is not an event id"));
-        assert_eq!(age("2h"), Ok(Duration::from_secs(7200)));
+        let two_hours = DeadQuery { older_than: Some("2h".into()), ..DeadQuery::default() };
+        assert_eq!(two_hours.filter(), Ok(DeadFilter::default().older_than(Duration::from_secs(7200))));
     }
 }

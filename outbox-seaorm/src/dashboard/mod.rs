@@ -297,10 +297,12 @@ impl Shared {
     async fn overview_markup(self: &Arc<Self>, frame: &Frame<'_>) -> Markup {
         self.viewed_at_ms.store(Utc::now().timestamp_millis(), Ordering::Relaxed);
         self.start_sampler();
+        // The sampler's reading, unless nobody looked for a while and it stopped renewing it.
         let kept = self.backlog.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let fresh_after = Utc::now().timestamp_millis() - 2 * self.config.refresh.as_millis() as i64;
         let backlog = match kept {
-            Some(backlog) => backlog,
-            None => self.read_backlog().await,
+            Some(Ok(backlog)) if backlog.read_at_ms >= fresh_after => Ok(backlog),
+            _ => self.read_backlog().await,
         };
         let samples = self.series.lock().unwrap_or_else(PoisonError::into_inner).samples();
         let overview = view::Overview {

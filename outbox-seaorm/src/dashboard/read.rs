@@ -94,11 +94,13 @@ async fn behind<C: ConnectionTrait>(db: &C) -> Result<Vec<Behind>> {
     let rows = db.query_all(&query).await.map_err(error)?;
     let mut found = std::collections::HashMap::new();
     for row in &rows {
-        let count = |name| row.try_get::<Option<i64>>("", name).map(|n| Ord::max(n.unwrap_or_default(), 0) as u64);
         let key: (String, String) =
             (row.try_get("", "aggregate_type").map_err(error)?, row.try_get("", "aggregate_id").map_err(error)?);
         let oldest: Option<i64> = row.try_get("", "oldest").map_err(error)?;
-        found.insert(key, (count("pending").map_err(error)?, count("dead").map_err(error)?, oldest));
+        found.insert(
+            key,
+            (admin::count(row, "pending").map_err(error)?, admin::count(row, "dead").map_err(error)?, oldest),
+        );
     }
     let age = |ms: i64| Ord::max(now_ms - ms, 0) as u64 / 1000;
     Ok(due
@@ -126,15 +128,11 @@ pub(super) async fn published_between<C: ConnectionTrait>(db: &C, from_ms: i64, 
         .from(Entity)
         .and_where(Expr::col(Column::PublishedAtMs).gt(from_ms))
         .and_where(Expr::col(Column::PublishedAtMs).lte(to_ms));
-    let row =
-        db.query_one(&query).await.map_err(|e| store_error("count published rows", "outbox_events", backend, e))?;
-    let n = match row {
-        Some(row) => row
-            .try_get::<Option<i64>>("", "n")
-            .map_err(|e| store_error("count published rows", "outbox_events", backend, e))?,
-        None => None,
-    };
-    Ok(Ord::max(n.unwrap_or_default(), 0) as u64)
+    let error = |e| store_error("count published rows", "outbox_events", backend, e);
+    match db.query_one(&query).await.map_err(error)? {
+        Some(row) => admin::count(&row, "n").map_err(error),
+        None => Ok(0),
+    }
 }
 
 /// One page of the dead events `filter` selects, oldest first, after `after` (a `seq`), and whether
