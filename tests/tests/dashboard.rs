@@ -1,6 +1,8 @@
 //! The operations dashboard in a real browser (headless Chromium driven over WebDriver), on each
 //! database: what a person sees is what the database holds; a dead event is found, opened and replayed
 //! only with the admin token and the session's CSRF token; nothing from the database runs as script.
+//! A consumer's dead letters at a real broker (Redis Streams) are counted, found, replayed and discarded
+//! the same way.
 //!
 //! Needs `chromedriver` and Chromium (Debian: `chromium chromium-driver`; `.ci/run` installs them). Outside
 //! CI the tests skip with a reason when there is none; under `CI=true` they fail.
@@ -14,10 +16,15 @@ use std::time::Duration;
 
 use common::{enqueue_committed, outbox_rows};
 use fantoccini::{Client, ClientBuilder, Locator};
+use outbox_integration_tests::contract::{self, Running};
+use outbox_integration_tests::proxy::server_available;
 use outbox_integration_tests::{TestDb, per_backend};
+use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport, redis};
+use outbox_seaorm::consume::{DeadLetterFilter, DeadLetters};
 use outbox_seaorm::dashboard::{Dashboard, DashboardConfig};
 use outbox_seaorm::{
-    InMemoryPublisher, NewEvent, OutboxEvent, PublishError, Publisher, Relay, RelayConfig, SeaOrmStore,
+    Destination, EventId, InMemoryPublisher, NewEvent, OutboxEvent, PublishError, Publisher, Relay, RelayConfig,
+    SeaOrmStore,
 };
 
 const TOKEN: &str = "a-test-admin-token-0123456789";
@@ -98,7 +105,11 @@ async fn dead_count(t: &TestDb) -> usize {
 /// Serves `config`'s dashboard on a free loopback port, nested under `/ops/outbox` as an app would mount
 /// it; returns the page's URL.
 async fn serve(t: &TestDb, config: DashboardConfig) -> String {
-    let router = axum::Router::new().nest("/ops/outbox", Dashboard::new(t.db.clone(), config).router());
+    serve_dashboard(Dashboard::new(t.db.clone(), config)).await
+}
+
+async fn serve_dashboard(dashboard: Dashboard) -> String {
+    let router = axum::Router::new().nest("/ops/outbox", dashboard.router());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, router).await });
@@ -349,3 +360,108 @@ async fn without_the_token_or_its_csrf_nothing_changes(t: TestDb) {
 per_backend!(what_the_page_shows_is_what_the_database_holds, "dash_shows");
 per_backend!(a_dead_event_is_found_opened_and_replayed_with_the_token, "dash_replay");
 per_backend!(without_the_token_or_its_csrf_nothing_changes, "dash_refuse");
+
+const REDIS: &str = "redis://127.0.0.1:6379";
+/// The consumer that dead-letters (the `outbox_dead_consumer` header).
+const CONSUMER: &str = "billing";
+
+/// How many dead letters the broker holds for the stream, read through the transport's own walk.
+async fn letters_at_the_broker(stream: &str) -> usize {
+    let transport = RedisTransport::connect(REDIS, stream, CONSUMER, "test-reader").await.expect("transport");
+    transport.list_dead_letters(&DeadLetterFilter::default(), 1000).await.expect("list").len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consumer_dead_letters_are_counted_found_replayed_and_discarded() {
+    if !server_available("Redis Streams", "127.0.0.1:6379").await {
+        return;
+    }
+    let Some(browser) = browser().await else { return };
+    let client = &browser.client;
+    let t = contract::case_db("dash_letters").await;
+    let stream = format!("outbox-dash:{}", &EventId::new().to_string().replace('-', "")[..16]);
+
+    // A real consumer dead-letters the first event of it1, it2 and it3 (two failed deliveries each).
+    let publisher =
+        RedisPublisher::connect(REDIS, Destination::fixed(&stream).expect("stream")).await.expect("connect");
+    contract::enqueue(&t, &contract::counted_events(4, 2)).await;
+    contract::relay_until_published(&t, publisher, 8).await;
+    let config = contract::fast_config().with_max_deliveries(2);
+    let (consumer, _) = contract::counting_consumer(&t, CONSUMER, config.clone(), |e, _| e.n == 0 && e.item != "it0");
+    let transport = RedisTransport::connect(REDIS, &stream, CONSUMER, "c-1").await.expect("transport");
+    let running = Running::start(consumer, transport);
+    contract::eventually(Duration::from_secs(90), "5 effects and 3 dead letters", async || {
+        contract::effects(&t, CONSUMER).await.len() == 5 && running.stats().dead_lettered == 3
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(letters_at_the_broker(&stream).await, 3, "{t}");
+
+    // Read-only: counted on the overview as the broker holds them, no button, a hand-made POST refused.
+    let letters = RedisTransport::connect(REDIS, &stream, CONSUMER, "dashboard").await.expect("transport");
+    let url =
+        serve_dashboard(Dashboard::new(t.db.clone(), DashboardConfig::read_only()).with_dead_letters(letters)).await;
+    client.goto(&url).await.expect("open the overview");
+    let count = format!("#letters td[data-source='0'][data-consumer='{CONSUMER}']");
+    assert_eq!(text(client, &count).await, "3", "{t}: the overview's count");
+    click(client, &format!("{count} a")).await;
+    wait_text(client, "#letter-count", "3").await;
+    assert!(!has(client, "button.action").await, "{t}: read-only");
+    let shot = client.screenshot().await.expect("screenshot");
+    std::fs::write(screenshot_dir().join("consumer-dead-letters.png"), shot).expect("write");
+    let discard_all = "s=0&scope=filter&confirmed=yes&expected=3&typed=discard+3&csrf=";
+    assert_eq!(post_from_page(client, &format!("{url}/actions/discard"), discard_all).await, 403, "{t}");
+    assert_eq!(letters_at_the_broker(&stream).await, 3, "{t}: a refused POST changed the dead letters");
+
+    // With the token: find one by its aggregate, open it, replay it; the fixed consumer applies it once.
+    let letters = RedisTransport::connect(REDIS, &stream, CONSUMER, "dashboard").await.expect("transport");
+    let config_with_token = DashboardConfig::read_only().with_admin_token(TOKEN).expect("token");
+    let url = serve_dashboard(Dashboard::new(t.db.clone(), config_with_token).with_dead_letters(letters)).await;
+    client.goto(&format!("{url}/letters?s=0")).await.expect("open the dead letters");
+    let filter = client.form(Locator::Css("#letter-filter")).await.expect("the filter form");
+    filter.set_by_name("aggregate_id", "it2").await.expect("type").submit().await.expect("filter");
+    wait_text(client, "#letter-count", "1").await;
+    click(client, "#letter-rows a.letter-link").await;
+    wait_text(client, "#letter-consumer", CONSUMER).await;
+    assert!(text(client, "#payload").await.contains("\"it2\""), "{t}: the payload");
+    assert!(text(client, "#letter-reason").await.contains("injected failure of it2"), "{t}: the reason");
+    assert!(!has(client, "#replay-one").await, "{t}: an action button before signing in");
+    let letter_url = client.current_url().await.expect("url").to_string();
+    client.find(Locator::Css("#token")).await.expect("token field").send_keys(TOKEN).await.expect("type");
+    click(client, "#sign-in").await;
+    wait_text(client, "#signed-in", "signed in as admin").await;
+    client.goto(&letter_url).await.expect("back to the letter");
+    click(client, "#replay-one").await;
+    wait_text(client, "#confirm-count", "1").await;
+    click(client, "#confirm").await;
+    wait_text(client, "#changed", "1").await;
+    assert_eq!(letters_at_the_broker(&stream).await, 2, "{t}: the replayed letter left the dead letters");
+    let (fixed, _) = contract::counting_consumer(&t, CONSUMER, config, |_, _| false);
+    let running =
+        Running::start(fixed, RedisTransport::connect(REDIS, &stream, CONSUMER, "c-2").await.expect("transport"));
+    contract::eventually(Duration::from_secs(90), "the replayed event applied", async || {
+        contract::effects(&t, CONSUMER).await.len() == 6
+    })
+    .await;
+    running.stop().await;
+    let effects = contract::effects(&t, CONSUMER).await;
+    assert_eq!(effects.iter().filter(|(i, n)| i == "it2" && *n == 0).count(), 1, "{t}: applied once: {effects:?}");
+
+    // Discard every letter of the consumer: the count is typed back.
+    client.goto(&format!("{url}/letters?s=0&consumer={CONSUMER}")).await.expect("filter");
+    click(client, "#discard-matching").await;
+    wait_text(client, "#typed-words", "discard 2").await;
+    client.find(Locator::Css("#typed")).await.expect("typed field").send_keys("discard 2").await.expect("type");
+    click(client, "#confirm").await;
+    wait_text(client, "#changed", "2").await;
+    assert_eq!(letters_at_the_broker(&stream).await, 0, "{t}: the discarded letters are gone");
+    client.goto(&url).await.expect("the overview again");
+    assert_eq!(text(client, "#letters td[data-source='0']").await, "0", "{t}: none left");
+    client.clone().close().await.ok();
+
+    let redis = redis::Client::open(REDIS).expect("client");
+    if let Ok(mut connection) = redis.get_multiplexed_async_connection().await {
+        let _: Result<(), _> =
+            redis::cmd("DEL").arg(&stream).arg(format!("{stream}:dead")).query_async(&mut connection).await;
+    }
+}

@@ -5,10 +5,12 @@
 use std::net::SocketAddr;
 
 use clap::Args;
+use outbox_seaorm::brokers::BrokerKind;
 use outbox_seaorm::dashboard::{Dashboard, DashboardConfig};
 use sea_orm::DatabaseConnection;
 
 use crate::CliError;
+use crate::dead_letters::{self, PlaceArgs};
 
 /// The dashboard's flags, shared by `outbox dashboard` and `outbox relay --dashboard`.
 #[derive(Args, Clone)]
@@ -39,12 +41,24 @@ pub struct ServeArgs {
     http: SocketAddr,
     #[command(flatten)]
     dashboard: DashboardArgs,
+    /// Show a consumer's dead letters too, at this broker (nats://, kafka://, amqp://, redis://), with the
+    /// flags of `outbox dead-letters` that say where, e.g. `--broker redis://… --stream orders --group
+    /// billing`. Not read from `OUTBOX_BROKER`, which names the relay's broker.
+    #[arg(long, env = "OUTBOX_DEAD_LETTERS_BROKER", hide_env_values = true)]
+    broker: Option<String>,
+    #[command(flatten)]
+    place: PlaceArgs,
 }
 
 impl ServeArgs {
     /// The admin token, to keep out of every message.
     pub fn admin_token(&self) -> Option<&str> {
         self.dashboard.admin_token.as_deref()
+    }
+
+    /// The broker of the consumer dead letters shown, to keep its password out of every message.
+    pub fn broker(&self) -> Option<&str> {
+        self.broker.as_deref()
     }
 }
 
@@ -57,7 +71,12 @@ pub async fn run(db: DatabaseConnection, args: ServeArgs) -> Result<(), CliError
     let listener = tokio::net::TcpListener::bind(args.http)
         .await
         .map_err(|e| CliError::Refused(format!("--http {}: cannot listen: {e}", args.http)))?;
-    let router = Dashboard::new(db, config).router();
+    let mut dashboard = Dashboard::new(db, config);
+    if let Some(broker) = &args.broker {
+        let kind = BrokerKind::from_url(broker)?;
+        dashboard = dashboard.with_dead_letters(dead_letters::open(broker, &args.place, kind).await?);
+    }
+    let router = dashboard.router();
     tracing::info!(addr = %args.http, read_only = args.dashboard.admin_token.is_none(), "serving the dashboard");
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.cancelled_owned())

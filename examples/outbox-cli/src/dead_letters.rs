@@ -89,33 +89,42 @@ pub struct SourceArgs {
     /// The broker: nats://, kafka://, amqp:// (RabbitMQ) or redis:// (never printed with its password).
     #[arg(long, env = "OUTBOX_BROKER", hide_env_values = true)]
     pub broker: String,
+    #[command(flatten)]
+    pub place: PlaceArgs,
+}
+
+/// What the consumer reads at its broker, which names its dead-letter destination. Every field is
+/// optional here; [`open`] says which one a broker needs.
+#[derive(Args)]
+#[command(next_help_heading = "Where the consumer dead letters are")]
+pub struct PlaceArgs {
     /// The consumer group whose dead letters to manage: the NATS durable (dead letters on
     /// `outbox.dead.<stream>.<group>`), the Kafka group (replays commit as `<group>.replay`), the Redis
     /// consumer group. Not used for RabbitMQ.
-    #[arg(long, env = "OUTBOX_GROUP")]
+    #[arg(long, env = "OUTBOX_GROUP", requires = "broker")]
     group: Option<String>,
     /// NATS: the JetStream stream consumed (dead letters in `<stream>_DEAD`); Redis: the stream consumed
     /// (dead letters in `<stream>:dead`).
-    #[arg(long, env = "OUTBOX_STREAM")]
+    #[arg(long, env = "OUTBOX_STREAM", requires = "broker")]
     stream: Option<String>,
     /// Kafka: the topics consumed (dead letters in `<topic>.dlq`), repeat or comma-separate.
-    #[arg(long = "topic", env = "OUTBOX_TOPIC", value_delimiter = ',', value_name = "TOPIC")]
+    #[arg(long = "topic", env = "OUTBOX_TOPIC", value_delimiter = ',', value_name = "TOPIC", requires = "broker")]
     topics: Vec<String>,
     /// RabbitMQ: the queue consumed (dead letters in `<queue>.dead`).
-    #[arg(long, env = "OUTBOX_QUEUE")]
+    #[arg(long, env = "OUTBOX_QUEUE", requires = "broker")]
     queue: Option<String>,
     /// NATS, Redis: the dead-letter stream, when the consumer was configured with another one.
-    #[arg(long, env = "OUTBOX_DEAD_LETTER_STREAM")]
+    #[arg(long, env = "OUTBOX_DEAD_LETTER_STREAM", requires = "broker")]
     dead_letter_stream: Option<String>,
     /// NATS: the dead-letter subject, when the consumer was configured with another one (needs
     /// --dead-letter-stream).
-    #[arg(long, env = "OUTBOX_DEAD_LETTER_SUBJECT", requires = "dead_letter_stream")]
+    #[arg(long, env = "OUTBOX_DEAD_LETTER_SUBJECT", requires_all = ["broker", "dead_letter_stream"])]
     dead_letter_subject: Option<String>,
     /// RabbitMQ: the dead-letter queue, when the consumer was configured with another one.
-    #[arg(long, env = "OUTBOX_DEAD_LETTER_QUEUE")]
+    #[arg(long, env = "OUTBOX_DEAD_LETTER_QUEUE", requires = "broker")]
     dead_letter_queue: Option<String>,
     /// Kafka: the dead-letter topic suffix, when the consumer was configured with another one.
-    #[arg(long, env = "OUTBOX_DEAD_LETTER_SUFFIX")]
+    #[arg(long, env = "OUTBOX_DEAD_LETTER_SUFFIX", requires = "broker")]
     dead_letter_suffix: Option<String>,
 }
 
@@ -225,7 +234,7 @@ fn check_id(kind: BrokerKind, id: &str) -> Result<String, CliError> {
 }
 
 /// The transport of any of the four brokers, for its dead letters.
-enum AnyTransport {
+pub enum AnyTransport {
     Nats(Box<NatsTransport>),
     Kafka(Box<KafkaTransport>),
     Rabbit(Box<RabbitTransport>),
@@ -271,7 +280,7 @@ fn required<'a>(value: &'a Option<String>, flag: &str, kind: BrokerKind, what: &
 }
 
 /// Opens the transport of `source` (the consumer's own, as it would open it), checking what it needs.
-async fn open(source: &SourceArgs, kind: BrokerKind) -> Result<AnyTransport, CliError> {
+pub async fn open(broker: &str, source: &PlaceArgs, kind: BrokerKind) -> Result<AnyTransport, CliError> {
     Ok(match kind {
         BrokerKind::Nats => {
             let stream = required(&source.stream, "--stream", kind, "the JetStream stream consumed")?;
@@ -285,7 +294,7 @@ async fn open(source: &SourceArgs, kind: BrokerKind) -> Result<AnyTransport, Cli
             // A publisher only for its JetStream context: the durable must exist (a typo must not create
             // a consumer on the stream).
             let destination = Destination::parse("outbox.cli.unused")?;
-            let jetstream = NatsPublisher::connect(&source.broker, destination).await?.jetstream().clone();
+            let jetstream = NatsPublisher::connect(broker, destination).await?.jetstream().clone();
             let found = match jetstream.get_stream(stream).await {
                 Ok(handle) => handle.consumer_info(group).await.is_ok(),
                 Err(error) => {
@@ -311,15 +320,14 @@ async fn open(source: &SourceArgs, kind: BrokerKind) -> Result<AnyTransport, Cli
             if let Some(dead_stream) = &source.dead_letter_stream {
                 config = config.with_dead_letter_stream(dead_stream);
             }
-            let transport = RedisTransport::connect_with(&source.broker, stream, group, "outbox-cli", config).await?;
+            let transport = RedisTransport::connect_with(broker, stream, group, "outbox-cli", config).await?;
             AnyTransport::Redis(Box::new(transport))
         }
         BrokerKind::RabbitMq => {
             let queue = required(&source.queue, "--queue", kind, "the queue consumed")?;
             let dead_queue = source.dead_letter_queue.clone().unwrap_or_else(|| format!("{queue}.dead"));
             let transport =
-                RabbitTransport::connect_with_dead_letter_queue(&source.broker, queue, "outbox-cli", &dead_queue)
-                    .await?;
+                RabbitTransport::connect_with_dead_letter_queue(broker, queue, "outbox-cli", &dead_queue).await?;
             AnyTransport::Rabbit(Box::new(transport))
         }
         BrokerKind::Kafka => {
@@ -331,8 +339,7 @@ async fn open(source: &SourceArgs, kind: BrokerKind) -> Result<AnyTransport, Cli
             // comes and goes would make the group rebalance). Its dead-letter walk reads only the topics'
             // dead-letter topics, as group `<group>.replay`.
             let assigned = source.topics.iter().map(|topic| (topic.clone(), 0)).collect();
-            let mut transport =
-                KafkaTransport::connect(&source.broker, group, Subscription::Partitions(assigned), &[])?;
+            let mut transport = KafkaTransport::connect(broker, group, Subscription::Partitions(assigned), &[])?;
             if let Some(suffix) = &source.dead_letter_suffix {
                 transport = transport.with_dead_letter_suffix(suffix)?;
             }
@@ -354,7 +361,7 @@ pub async fn run(command: DeadLettersCommand) -> Result<(), CliError> {
         DeadLettersCommand::Count { .. } => None,
     };
     let filter = filter.unwrap_or_default();
-    let transport = open(source, kind).await?;
+    let transport = open(&source.broker, &source.place, kind).await?;
     match command {
         DeadLettersCommand::List { limit, output, .. } => {
             let limit = usize::try_from(limit).unwrap_or(usize::MAX);

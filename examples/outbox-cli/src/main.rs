@@ -93,7 +93,8 @@ enum Command {
     Cleanup(cleanup::CleanupArgs),
     /// Check the connection, the migrations, that the database is a writable primary, and clock skew.
     Check(check::CheckArgs),
-    /// Serve the operations dashboard (backlog, dead events, replay and discard) without a relay.
+    /// Serve the operations dashboard (backlog, dead events, replay and discard; a consumer's dead letters
+    /// with --broker) without a relay.
     Dashboard(dashboard::ServeArgs),
     /// PostgreSQL LISTEN/NOTIFY wake-ups: install, remove or show the notify trigger on `outbox_events`.
     #[command(subcommand)]
@@ -134,6 +135,9 @@ fn secrets(cli: &Cli) -> Vec<String> {
     }
     if let Command::DeadLetters(command) = &cli.command {
         urls.push(Some(command.broker().to_owned()));
+    }
+    if let Command::Dashboard(args) = &cli.command {
+        urls.push(args.broker().map(str::to_owned));
     }
     let mut secrets: Vec<String> = urls.into_iter().flatten().filter_map(|url| redact::password_of(&url)).collect();
     let token = match &cli.command {

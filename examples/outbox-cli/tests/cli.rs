@@ -3,43 +3,21 @@
 //! stops cleanly on SIGTERM, `relay --http` serves `/metrics` and the health probes, and the dashboard (beside
 //! the relay, or alone) shows the outbox and refuses actions without the admin token.
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{Running, free_port, get, outbox, request, target, text};
 use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::NewEvent;
 use sea_orm::{ConnectionTrait, DbBackend, TransactionTrait};
 
 const SECRET: &str = "s3cr3t-pw";
 
-/// `outbox` with no inherited `DATABASE_URL` or `OUTBOX_*` settings.
-fn outbox() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    command.env_remove("DATABASE_URL");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("OUTBOX_") {
-            command.env_remove(name);
-        }
-    }
-    command.env("OUTBOX_LOG", "warn").env("OUTBOX_CONNECT_TIMEOUT", "2s");
-    command
-}
-
-/// The URL and the extra arguments that point the CLI at `t`'s database (PostgreSQL: its schema).
-fn target(t: &TestDb) -> (String, Vec<String>) {
-    match t.url.split_once('#') {
-        Some((base, schema)) => (base.to_owned(), vec!["--schema".to_owned(), schema.to_owned()]),
-        None => (t.url.clone(), Vec::new()),
-    }
-}
-
 fn run(t: &TestDb, args: &[&str]) -> Output {
     let (url, extra) = target(t);
     outbox().env("DATABASE_URL", url).args(extra).args(args).output().expect("run outbox")
-}
-
-fn text(output: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
 }
 
 async fn enqueue(t: &TestDb, events: &[NewEvent]) {
@@ -243,35 +221,6 @@ async fn drop_database_after(admin: &sea_orm::DatabaseConnection, name: &str, as
 }
 
 /// Kills the child when a test fails before stopping it.
-struct Running(Option<Child>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Running {
-    /// Sends SIGTERM and collects the output once the process exits (within 10 s).
-    fn terminate(mut self) -> Output {
-        let mut child = self.0.take().expect("running");
-        let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
-        assert!(status.success(), "kill -TERM failed");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while child.try_wait().expect("wait").is_none() {
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                panic!("the relay did not stop within 10 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.wait_with_output().expect("output")
-    }
-}
-
 fn spawn_relay(t: &TestDb, broker: &str, stream: &str) -> Running {
     spawn_relay_with(t, broker, stream, &[])
 }
@@ -333,37 +282,6 @@ async fn a_broker_down_at_start_is_retried_not_fatal(t: TestDb) {
 per_backend!(a_broker_down_at_start_is_retried_not_fatal, "cli_broker_down");
 
 /// A local port nothing listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-/// `GET path` over plain HTTP/1.1; the status code and the body. Retries the connection for 10 s while the
-/// relay starts.
-fn get(port: u16, path: &str) -> (u16, String) {
-    request(port, "GET", path)
-}
-
-/// `method path` without a body, as [`get`].
-fn request(port: u16, method: &str, path: &str) -> (u16, String) {
-    use std::io::{Read as _, Write as _};
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut stream = loop {
-        match std::net::TcpStream::connect(("127.0.0.1", port)) {
-            Ok(stream) => break stream,
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            Err(error) => panic!("nothing answers on port {port}: {error}"),
-        }
-    };
-    let request =
-        format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).expect("send request");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read response");
-    let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{response}"));
-    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
-    (status, body)
-}
-
 /// The value of an unlabelled sample `name` in Prometheus text.
 fn sample(metrics: &str, name: &str) -> Option<f64> {
     metrics.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())

@@ -1,10 +1,15 @@
 //! `outbox dead-letters` against the real brokers: a real consumer dead-letters three events, then the
-//! binary lists them (by consumer, event type, aggregate and age), shows one, replays one (the consumer
-//! then applies it once), discards one and counts what remains. A broker that does not answer skips its
+//! binary lists them (by consumer, event type, aggregate and age), `outbox dashboard` shows them, the
+//! binary shows one, replays one (the consumer then applies it once), discards one and counts what
+//! remains. A broker that does not answer skips its
 //! test with a printed reason, except under `CI=true`.
 
-use std::process::{Command, Output};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{Running as Process, free_port, get, outbox, target, text};
 
 use outbox_integration_tests::contract::{self, Running};
 use outbox_integration_tests::proxy::server_available;
@@ -21,23 +26,6 @@ use serde_json::Value;
 
 /// The consumer that dead-letters (its name is the `outbox_dead_consumer` header).
 const CONSUMER: &str = "dl";
-
-/// `outbox` with no inherited `DATABASE_URL` or `OUTBOX_*` settings.
-fn outbox() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    command.env_remove("DATABASE_URL");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("OUTBOX_") {
-            command.env_remove(name);
-        }
-    }
-    command.env("OUTBOX_LOG", "warn");
-    command
-}
-
-fn text(output: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
-}
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}{}", &outbox_seaorm::EventId::new().to_string().replace('-', "")[..16])
@@ -287,6 +275,32 @@ async fn relay_all(t: &outbox_integration_tests::TestDb, publisher: impl Publish
     }
 }
 
+/// `outbox dashboard` with the same flags shows the three letters, per consumer and listed.
+fn dashboard_shows_them<B: Broker>(t: &outbox_integration_tests::TestDb, broker: &B) {
+    let port = free_port();
+    let (url, extra) = target(t);
+    let child = outbox()
+        .env("DATABASE_URL", url)
+        .args(extra)
+        .args(["dashboard", "--http", &format!("127.0.0.1:{port}")])
+        .args(broker.source())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn outbox dashboard");
+    let process = Process(Some(child));
+    let (status, page) = get(port, "/");
+    assert_eq!(status, 200, "{}: {page}", B::NAME);
+    let count =
+        format!(r#"data-source="0" data-consumer="{CONSUMER}"><a href="/letters?s=0&amp;consumer={CONSUMER}">3<"#);
+    assert!(page.contains(&count), "{}: the overview counts 3 letters of {CONSUMER}: {page}", B::NAME);
+    let (status, page) = get(port, "/letters?s=0&aggregate_id=it1");
+    assert_eq!(status, 200, "{}: {page}", B::NAME);
+    assert!(page.contains(r#"id="letter-count">1<"#), "{}: one letter of it1: {page}", B::NAME);
+    let output = process.terminate();
+    assert!(output.status.success(), "{}: {}", B::NAME, text(&output));
+}
+
 /// Runs `outbox dead-letters <args> <source>`.
 fn cli<B: Broker>(broker: &B, args: &[&str]) -> Output {
     outbox().arg("dead-letters").args(args).args(broker.source()).output().expect("run outbox")
@@ -346,6 +360,7 @@ async fn dead_letters_are_listed_shown_replayed_and_discarded<B: Broker>() {
     assert_eq!(list(&broker, &["--error-contains", "INJECTED"]).len(), 3, "{}", B::NAME);
     let table = cli(&broker, &["list"]);
     assert!(text(&table).contains("3 dead letter(s) listed"), "{}: {}", B::NAME, text(&table));
+    dashboard_shows_them(&t, &broker);
 
     // Show one; bad and unknown ids.
     let it2 = id_of(&broker, "it2");

@@ -98,6 +98,11 @@ impl DeadFilter {
         self
     }
 
+    /// The ids this filter selects (empty: any).
+    pub fn selected_ids(&self) -> &[EventId] {
+        &self.ids
+    }
+
     /// Whether no criterion was given (the filter matches every dead event).
     pub fn is_empty(&self) -> bool {
         self.event_types.is_empty()

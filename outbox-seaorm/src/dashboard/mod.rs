@@ -9,6 +9,9 @@
 //!   aggregate type and event type, the 20 aggregates most behind, and this process's relays.
 //! - `/dead`: the dead events, filtered by aggregate, event type, error text and age, 50 per page;
 //!   `/event?id=…`: one row in any state, payload and headers pretty-printed.
+//! - `/letters`, `/letter?s=…&id=…`: the consumers' dead letters of each broker transport given to
+//!   [`Dashboard::with_dead_letters`], per consumer, with the same filters (and the consumer), and one
+//!   letter's headers and payload.
 //! - Replay and discard (a selection, one row, or every row a filter selects) exist only with an admin
 //!   token ([`DashboardConfig::with_admin_token`]). A person signs in with the token; each action is a
 //!   POST that carries the session cookie and a CSRF token, shows its count before it runs, and is
@@ -34,6 +37,7 @@
 mod auth;
 mod chart;
 mod form;
+mod letters;
 mod read;
 mod view;
 
@@ -54,12 +58,14 @@ use maud::Markup;
 use sea_orm::DatabaseConnection;
 
 use outbox_runtime::Health;
+use outbox_runtime::consume::{DeadLetterAction, DeadLetterFilter, DeadLetters};
 
 use crate::admin::{self, DeadFilter};
 use crate::{Error, Result};
 use auth::{Admin, Gate};
 use chart::{Sample, Series};
 use form::{DeadQuery, field};
+use letters::{LetterCounts, Letters};
 use read::Backlog;
 use view::Frame;
 
@@ -149,6 +155,7 @@ pub struct Dashboard {
     db: DatabaseConnection,
     config: DashboardConfig,
     health: Option<HealthSource>,
+    letter_sources: Vec<Letters>,
 }
 
 impl fmt::Debug for Dashboard {
@@ -160,13 +167,22 @@ impl fmt::Debug for Dashboard {
 impl Dashboard {
     /// The dashboard of the outbox in `db`.
     pub fn new(db: DatabaseConnection, config: DashboardConfig) -> Self {
-        Dashboard { db, config, health: None }
+        Dashboard { db, config, health: None, letter_sources: Vec::new() }
     }
 
     /// Shows the relays of this process: `health` is asked at each refresh, e.g.
     /// `move || Some(service.health())` for an [`OutboxService`](crate::OutboxService).
     pub fn with_health(mut self, health: impl Fn() -> Option<Health> + Send + Sync + 'static) -> Self {
         self.health = Some(Box::new(health));
+        self
+    }
+
+    /// Shows the consumer dead letters of `transport` (a broker transport opened as its consumer opens
+    /// it): counts per consumer on the overview, a filtered list, each letter's detail, and, with an
+    /// admin token, replay and discard. Call once per broker or consumer; the counts walk at most 10,000
+    /// letters each, read with the backlog while someone looks.
+    pub fn with_dead_letters(mut self, transport: impl DeadLetters + 'static) -> Self {
+        self.letter_sources.push(Letters::new(transport));
         self
     }
 
@@ -178,6 +194,8 @@ impl Dashboard {
             gate: Gate::new(self.config.admin_token.clone()),
             config: self.config,
             health: self.health,
+            letter_sources: self.letter_sources,
+            letter_counts: Mutex::new(Vec::new()),
             series: Mutex::new(Series::default()),
             backlog: Mutex::new(None),
             viewed_at_ms: AtomicI64::new(0),
@@ -188,6 +206,8 @@ impl Dashboard {
             .route("/fragments/overview", get(overview_fragment))
             .route("/dead", get(dead))
             .route("/event", get(event))
+            .route("/letters", get(letter_list))
+            .route("/letter", get(letter))
             .route("/login", post(login))
             .route("/logout", post(logout))
             .route("/actions/{action}", post(action))
@@ -202,6 +222,9 @@ struct Shared {
     gate: Gate,
     config: DashboardConfig,
     health: Option<HealthSource>,
+    letter_sources: Vec<Letters>,
+    /// The last counts of the consumer dead letters, read with the backlog.
+    letter_counts: Mutex<Vec<LetterCounts>>,
     series: Mutex<Series>,
     /// The last reading of the backlog: the pages show it, the sampler renews it.
     backlog: Mutex<Option<std::result::Result<Backlog, String>>>,
@@ -240,6 +263,7 @@ impl Shared {
             admin: visit.admin.as_ref(),
             read_only: self.gate.read_only(),
             refresh_ms: self.config.refresh.as_millis() as u64,
+            letter_sources: self.letter_sources.len(),
         }
     }
 
@@ -284,9 +308,18 @@ impl Shared {
         });
     }
 
-    /// Reads the backlog now and keeps it for the pages.
+    /// Reads the backlog and counts the consumer dead letters now, and keeps both for the pages.
     async fn read_backlog(&self) -> std::result::Result<Backlog, String> {
-        let backlog = read::backlog(&self.db).await.map_err(|e| e.to_string());
+        let counting = async {
+            let mut counts = Vec::with_capacity(self.letter_sources.len());
+            for source in &self.letter_sources {
+                counts.push(source.count().await);
+            }
+            counts
+        };
+        let (backlog, counts) = tokio::join!(read::backlog(&self.db), counting);
+        *self.letter_counts.lock().unwrap_or_else(PoisonError::into_inner) = counts;
+        let backlog = backlog.map_err(|e| e.to_string());
         if let Err(error) = &backlog {
             tracing::debug!(%error, "dashboard: cannot read the backlog");
         }
@@ -305,7 +338,9 @@ impl Shared {
             _ => self.read_backlog().await,
         };
         let samples = self.series.lock().unwrap_or_else(PoisonError::into_inner).samples();
+        let letters = self.letter_counts.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let overview = view::Overview {
+            letters: &letters,
             backlog,
             samples: &samples,
             now_ms: Utc::now().timestamp_millis(),
@@ -369,6 +404,41 @@ async fn event(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> Respon
     }
 }
 
+async fn letter_list(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> Response {
+    let frame = s.frame(&visit);
+    let pairs = form::pairs(query.unwrap_or_default().as_bytes());
+    let query = DeadQuery::from_pairs(&pairs);
+    let labels: Vec<String> = s.letter_sources.iter().map(|source| source.label().to_owned()).collect();
+    let source = match form::source(&pairs, labels.len()) {
+        Ok(source) => source,
+        Err(message) => return not_found(&frame, &message),
+    };
+    let letters = match query.letter_filter() {
+        Err(message) => Err(message),
+        Ok(filter) => s.letter_sources[source].list(&filter).await.map_err(|e| e.to_string()),
+    };
+    let status = if letters.is_err() { StatusCode::BAD_REQUEST } else { StatusCode::OK };
+    let list = view::LetterList { source, labels: &labels, query, letters };
+    html(status, view::page(&frame, "Consumer dead letters", view::letter_list(&frame, &list)))
+}
+
+async fn letter(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> Response {
+    let frame = s.frame(&visit);
+    let pairs = form::pairs(query.unwrap_or_default().as_bytes());
+    let source = match form::source(&pairs, s.letter_sources.len()) {
+        Ok(source) => source,
+        Err(message) => return not_found(&frame, &message),
+    };
+    let id = crate::__support::truncate(field(&pairs, "id").unwrap_or_default(), 200);
+    match s.letter_sources[source].show(&id).await {
+        Ok(letter) => {
+            let status = if letter.is_some() { StatusCode::OK } else { StatusCode::NOT_FOUND };
+            html(status, view::page(&frame, "Dead letter", view::letter(&frame, source, &id, letter.as_ref())))
+        }
+        Err(error) => failure(&frame, &error),
+    }
+}
+
 async fn login(State(s): Ctx, visit: Visit, body: Bytes) -> Response {
     let frame = s.frame(&visit);
     let pairs = form::pairs(&body);
@@ -418,6 +488,93 @@ impl Action {
     }
 }
 
+/// What an action applies to.
+enum Target {
+    /// Dead outbox rows.
+    Rows(DeadFilter),
+    /// The consumer dead letters of one source.
+    Letters { source: usize, filter: DeadLetterFilter },
+}
+
+impl Target {
+    /// The selection a form asks for: its `s` field says consumer dead letters, `scope` a selection of
+    /// ids or everything its filter fields select.
+    fn from_form(pairs: &[(String, String)], query: &DeadQuery, sources: usize) -> std::result::Result<Self, String> {
+        let letters = field(pairs, "s").map(|_| form::source(pairs, sources)).transpose()?;
+        match (field(pairs, "scope"), letters) {
+            (Some("ids"), None) => match form::ids(pairs)? {
+                ids if ids.is_empty() => Err("no event selected: tick at least one row".to_owned()),
+                ids => Ok(Target::Rows(DeadFilter::default().ids(ids))),
+            },
+            (Some("ids"), Some(source)) => match form::letter_ids(pairs)? {
+                ids if ids.is_empty() => Err("no letter selected: tick at least one row".to_owned()),
+                ids => Ok(Target::Letters {
+                    source,
+                    filter: ids.into_iter().fold(DeadLetterFilter::default(), DeadLetterFilter::id),
+                }),
+            },
+            (Some("filter"), None) => {
+                let filter = query.filter()?;
+                Ok(Target::Rows(if query.is_empty() { DeadFilter::all() } else { filter }))
+            }
+            (Some("filter"), Some(source)) => {
+                let filter = query.letter_filter()?;
+                Ok(Target::Letters { source, filter: if query.is_empty() { DeadLetterFilter::all() } else { filter } })
+            }
+            _ => Err("the form says neither a selection nor a filter (scope=ids or scope=filter)".to_owned()),
+        }
+    }
+
+    fn source(&self) -> Option<usize> {
+        match self {
+            Target::Rows(_) => None,
+            Target::Letters { source, .. } => Some(*source),
+        }
+    }
+
+    fn by_ids(&self) -> bool {
+        match self {
+            Target::Rows(filter) => !filter.selected_ids().is_empty(),
+            Target::Letters { filter, .. } => !filter.selected_ids().is_empty(),
+        }
+    }
+
+    async fn count(&self, s: &Shared) -> Result<u64> {
+        match self {
+            Target::Rows(filter) => admin::count_dead(&s.db, filter).await,
+            Target::Letters { source, filter } => s.letter_sources[*source].count_matching(filter).await,
+        }
+    }
+
+    async fn apply(&self, s: &Shared, action: Action) -> Result<u64> {
+        match (self, action) {
+            (Target::Rows(filter), Action::Replay) => admin::replay_dead(&s.db, filter).await,
+            (Target::Rows(filter), Action::Discard) => admin::discard_dead(&s.db, filter).await,
+            (Target::Letters { source, filter }, action) => {
+                let action =
+                    if action == Action::Replay { DeadLetterAction::Replay } else { DeadLetterAction::Discard };
+                let outcome = s.letter_sources[*source].walk(filter, action, usize::MAX).await?;
+                if outcome.kept > 0 {
+                    tracing::warn!(
+                        kept = outcome.kept,
+                        "dashboard: dead letters kept: they cannot be replayed (no valid origin)"
+                    );
+                }
+                Ok(outcome.letters.len() as u64)
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Rows(filter) => write!(f, "dead rows {filter:?}"),
+            Target::Letters { source, filter } => write!(f, "dead letters of source {source} {filter:?}"),
+        }
+    }
+}
+
 async fn action(State(s): Ctx, visit: Visit, Path(name): Path<String>, body: Bytes) -> Response {
     let frame = s.frame(&visit);
     let pairs = form::pairs(&body);
@@ -428,42 +585,36 @@ async fn action(State(s): Ctx, visit: Visit, Path(name): Path<String>, body: Byt
     let action = match name.as_str() {
         "replay" => Action::Replay,
         "discard" => Action::Discard,
-        _ => {
-            return html(
-                StatusCode::NOT_FOUND,
-                view::page(&frame, "Not found", view::message("Not found", "no such action")),
-            );
-        }
-    };
-    let bad = |text: &str| {
-        html(StatusCode::BAD_REQUEST, view::page(&frame, "Cannot do that", view::message("Cannot do that", text)))
+        _ => return not_found(&frame, "no such action"),
     };
     let query = DeadQuery::from_pairs(&pairs);
-    let (filter, ids) = match field(&pairs, "scope") {
-        Some("ids") => match form::ids(&pairs) {
-            Err(message) => return bad(&message),
-            Ok(ids) if ids.is_empty() => return bad("no event selected: tick at least one row"),
-            Ok(ids) => {
-                let texts: Vec<String> = ids.iter().map(ToString::to_string).collect();
-                (DeadFilter::default().ids(ids), Some(texts))
-            }
-        },
-        Some("filter") => match query.filter() {
-            Err(message) => return bad(&message),
-            Ok(_) if query.is_empty() => (DeadFilter::all(), None),
-            Ok(filter) => (filter, None),
-        },
-        _ => return bad("the form says neither a selection nor a filter (scope=ids or scope=filter)"),
+    let target = match Target::from_form(&pairs, &query, s.letter_sources.len()) {
+        Ok(target) => target,
+        Err(message) => {
+            let page = view::page(&frame, "Cannot do that", view::message("Cannot do that", &message));
+            return html(StatusCode::BAD_REQUEST, page);
+        }
     };
-    let count = match admin::count_dead(&s.db, &filter).await {
+    let count = match target.count(&s).await {
         Ok(count) => count,
         Err(error) => return failure(&frame, &error),
     };
-    let typed = (action == Action::Discard && ids.is_none()).then(|| format!("discard {count}"));
+    let typed = (action == Action::Discard && !target.by_ids()).then(|| format!("discard {count}"));
     let ask = |note: Option<&str>| {
+        let ids: Option<Vec<String>> = match &target {
+            Target::Rows(filter) => {
+                let ids = filter.selected_ids();
+                (!ids.is_empty()).then(|| ids.iter().map(ToString::to_string).collect())
+            }
+            Target::Letters { filter, .. } => {
+                let ids = filter.selected_ids();
+                (!ids.is_empty()).then(|| ids.to_vec())
+            }
+        };
         let confirm = view::Confirm {
             action: action.name(),
             admin: &admin,
+            source: target.source(),
             query: &query,
             ids: ids.as_deref(),
             count,
@@ -475,22 +626,21 @@ async fn action(State(s): Ctx, visit: Visit, Path(name): Path<String>, body: Byt
     if field(&pairs, "confirmed") != Some("yes") {
         return ask(None);
     }
-    if ids.is_none() && field(&pairs, "expected").and_then(|e| e.parse::<u64>().ok()) != Some(count) {
-        return ask(Some("The number of matching events changed since the count was shown: check it again."));
+    if !target.by_ids() && field(&pairs, "expected").and_then(|e| e.parse::<u64>().ok()) != Some(count) {
+        return ask(Some("The number of matching items changed since the count was shown: check it again."));
     }
     if let Some(words) = &typed
         && field(&pairs, "typed") != Some(words.as_str())
     {
         return ask(Some("The words typed do not match: type them exactly to discard."));
     }
-    let result = match action {
-        Action::Replay => admin::replay_dead(&s.db, &filter).await,
-        Action::Discard => admin::discard_dead(&s.db, &filter).await,
-    };
-    match result {
+    match target.apply(&s, action).await {
         Ok(changed) => {
-            tracing::warn!(action = action.name(), changed, selection = ?filter, "dashboard: dead events changed by an admin");
-            html(StatusCode::OK, view::page(&frame, "Done", view::done(&frame, action.name(), changed)))
+            tracing::warn!(action = action.name(), changed, selection = ?target, "dashboard: changed by an admin");
+            // The next view reads the figures again rather than show them from before the change.
+            *s.backlog.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            let page = view::done(&frame, action.name(), target.source(), changed);
+            html(StatusCode::OK, view::page(&frame, "Done", page))
         }
         Err(error) => failure(&frame, &error),
     }
@@ -542,6 +692,10 @@ fn redirect(to: &str, cookie: Option<String>) -> Response {
     }
     guard(response.headers_mut());
     response
+}
+
+fn not_found(frame: &Frame<'_>, text: &str) -> Response {
+    html(StatusCode::NOT_FOUND, view::page(frame, "Not found", view::message("Not found", text)))
 }
 
 fn refused(frame: &Frame<'_>, refusal: auth::Refusal) -> Response {

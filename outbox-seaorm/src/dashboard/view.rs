@@ -7,10 +7,12 @@ use outbox_runtime::Health;
 
 use super::auth::Admin;
 use super::chart::{self, Sample};
-use super::form::{DeadQuery, FILTER_FIELDS};
+use super::form::{DeadQuery, FILTER_FIELDS, LETTER_FIELDS};
+use super::letters::{COUNT_CAP, LIST_LIMIT, LetterCounts};
 use super::read::{Backlog, DEAD_PAGE};
 use crate::admin::{DeadEvent, GroupStats, rfc3339};
 use crate::entity::outbox_event;
+use outbox_runtime::consume::DeadLetterEntry;
 
 /// What every page needs: where the dashboard is mounted and who is looking.
 pub(super) struct Frame<'a> {
@@ -19,6 +21,8 @@ pub(super) struct Frame<'a> {
     pub admin: Option<&'a Admin>,
     pub read_only: bool,
     pub refresh_ms: u64,
+    /// How many consumer dead-letter sources the dashboard was given.
+    pub letter_sources: usize,
 }
 
 /// A whole page around `body`.
@@ -40,6 +44,7 @@ pub(super) fn page(frame: &Frame<'_>, title: &str, body: Markup) -> Markup {
                         a.brand href=(home(base)) { "outbox" }
                         a href=(home(base)) { "Overview" }
                         a href={ (base) "/dead" } { "Dead events" }
+                        @if frame.letter_sources > 0 { a href={ (base) "/letters" } { "Consumer dead letters" } }
                     }
                     (session(frame))
                 }
@@ -78,6 +83,8 @@ pub(super) struct Overview<'a> {
     pub now_ms: i64,
     pub health: Option<Health>,
     pub details: &'a [(String, String)],
+    /// Per consumer dead-letter source, read with the backlog.
+    pub letters: &'a [LetterCounts],
 }
 
 /// The part of the overview that refreshes itself.
@@ -141,6 +148,12 @@ pub(super) fn overview(frame: &Frame<'_>, overview: &Overview<'_>) -> Markup {
                     }
                 }
             }
+            @if !overview.letters.is_empty() {
+                section {
+                    h2 { "Consumer dead letters" }
+                    (letter_counts(frame, overview.letters))
+                }
+            }
             section {
                 h2 { "Relays in this process" }
                 (relays(overview.health.as_ref(), overview.details))
@@ -162,6 +175,33 @@ fn groups(id: &str, groups: &[GroupStats]) -> Markup {
                 tbody {
                     @for group in groups {
                         tr { td { (group.name) } td.num { (group.figures.pending) } td.num { (group.figures.dead) } td.num { (age(group.figures.oldest_pending_seconds)) } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn letter_counts(frame: &Frame<'_>, sources: &[LetterCounts]) -> Markup {
+    let base = frame.base;
+    html! {
+        table #letters {
+            thead { tr { th { "broker and dead-letter destination" } th { "consumer" } th.num { "dead letters" } } }
+            tbody {
+                @for (i, source) in sources.iter().enumerate() {
+                    @let list = |extra: &[(&str, &str)]| format!("{base}/letters?{}", DeadQuery::default().query_string(&[&[("s", i.to_string().as_str())], extra].concat()));
+                    @match &source.counts {
+                        Err(message) => tr { td { (source.label) } td.error-text colspan="2" { "cannot read them: " (message) } },
+                        Ok(counts) if counts.is_empty() => tr { td { a href=(list(&[])) { (source.label) } } td.muted { "none" } td.num data-source=(i) data-consumer="" { "0" } },
+                        Ok(counts) => @for (consumer, count) in counts {
+                            tr {
+                                td { a href=(list(&[])) { (source.label) } }
+                                td { (consumer) }
+                                td.num data-source=(i) data-consumer=(consumer) {
+                                    a href=(list(&[("consumer", consumer.as_str())])) { (count) @if source.capped { "+" } }
+                                }
+                            }
+                        },
                     }
                 }
             }
@@ -260,7 +300,7 @@ pub(super) fn dead_list(frame: &Frame<'_>, list: &DeadList) -> Markup {
 
 fn filter_fields(query: &DeadQuery) -> Markup {
     html! {
-        @for (name, _) in FILTER_FIELDS {
+        @for (name, _) in LETTER_FIELDS {
             @if let Some(value) = query.value(name) { input type="hidden" name=(name) value=(value); }
         }
     }
@@ -317,6 +357,8 @@ fn pretty(value: &serde_json::Value) -> String {
 pub(super) struct Confirm<'a> {
     pub action: &'a str,
     pub admin: &'a Admin,
+    /// The consumer dead-letter source acted on; `None` for dead outbox rows.
+    pub source: Option<usize>,
     pub query: &'a DeadQuery,
     /// The selected ids, when the scope is a selection.
     pub ids: Option<&'a [String]>,
@@ -326,19 +368,40 @@ pub(super) struct Confirm<'a> {
     pub note: Option<&'a str>,
 }
 
+/// What the items acted on are called: `dead event`, `dead letter`.
+fn noun(source: Option<usize>) -> &'static str {
+    if source.is_some() { "dead letter" } else { "dead event" }
+}
+
+/// The list an action came from, with its filter.
+fn back(frame: &Frame<'_>, source: Option<usize>, query: &DeadQuery) -> Markup {
+    let base = frame.base;
+    html! {
+        @match source {
+            None => a #back href={ (base) "/dead?" (query.query_string(&[])) } { "Back to the dead events" },
+            Some(s) => a #back href={ (base) "/letters?" (query.query_string(&[("s", &s.to_string())])) } { "Back to the dead letters" },
+        }
+    }
+}
+
 pub(super) fn confirm(frame: &Frame<'_>, c: &Confirm<'_>) -> Markup {
     let base = frame.base;
     html! {
         h1 { "Confirm: " (c.action) }
         @if let Some(note) = c.note { p.error #confirm-note { (note) } }
-        p { "This will " (c.action) " " strong #confirm-count { (c.count) } " dead event" @if c.count != 1 { "s" } "."
-            @if c.action == "discard" { " Discarded events are deleted for good; consumers will see a gap." }
-            @else { " They become pending now and the relays publish them in order." } }
+        p { "This will " (c.action) " " strong #confirm-count { (c.count) } " " (noun(c.source)) @if c.count != 1 { "s" } "."
+            @match (c.action, c.source) {
+                ("discard", None) => " Discarded events are deleted for good; consumers will see a gap.",
+                ("discard", Some(_)) => " Discarded letters are deleted for good; their consumer never applies them.",
+                (_, None) => " They become pending now and the relays publish them in order.",
+                (_, Some(_)) => " They are published again where they were first published; the consumer applies each once (its inbox drops any it had applied).",
+            } }
         @if c.count > 0 {
             form method="post" action={ (base) "/actions/" (c.action) } {
                 input type="hidden" name="csrf" value=(c.admin.csrf);
                 input type="hidden" name="confirmed" value="yes";
                 input type="hidden" name="expected" value=(c.count);
+                @if let Some(source) = c.source { input type="hidden" name="s" value=(source); }
                 (filter_fields(c.query))
                 @match c.ids {
                     Some(ids) => { input type="hidden" name="scope" value="ids"; @for id in ids { input type="hidden" name="id" value=(id); } }
@@ -350,17 +413,138 @@ pub(super) fn confirm(frame: &Frame<'_>, c: &Confirm<'_>) -> Markup {
                 button.action #confirm type="submit" { (c.action) " " (c.count) }
             }
         }
-        a href={ (base) "/dead?" (c.query.query_string(&[])) } { "Back to the dead events" }
+        (back(frame, c.source, c.query))
     }
 }
 
-pub(super) fn done(frame: &Frame<'_>, action: &str, changed: u64) -> Markup {
-    let base = frame.base;
+pub(super) fn done(frame: &Frame<'_>, action: &str, source: Option<usize>, changed: u64) -> Markup {
     html! {
         h1 { "Done" }
-        p #done { (if action == "replay" { "Replayed " } else { "Discarded " }) strong #changed { (changed) } " dead event" @if changed != 1 { "s" } "." }
-        a href={ (base) "/dead" } { "Back to the dead events" }
+        p #done { (if action == "replay" { "Replayed " } else { "Discarded " }) strong #changed { (changed) } " " (noun(source)) @if changed != 1 { "s" } "." }
+        (back(frame, source, &DeadQuery::default()))
     }
+}
+
+/// One source's consumer dead letters that a filter selects.
+pub(super) struct LetterList<'a> {
+    pub source: usize,
+    /// Every source's label, for the switcher.
+    pub labels: &'a [String],
+    pub query: DeadQuery,
+    /// The oldest matching letters, how many match, and whether that count stopped at its cap.
+    pub letters: Result<(Vec<DeadLetterEntry>, usize, bool), String>,
+}
+
+pub(super) fn letter_list(frame: &Frame<'_>, list: &LetterList<'_>) -> Markup {
+    let base = frame.base;
+    let s = list.source.to_string();
+    html! {
+        h1 { "Consumer dead letters" }
+        @if list.labels.len() > 1 {
+            p #sources { @for (i, label) in list.labels.iter().enumerate() {
+                @if i == list.source { strong { (label) } } @else { a href={ (base) "/letters?s=" (i) } { (label) } } " "
+            } }
+        }
+        p.muted #letter-source { (list.labels.get(list.source).map(String::as_str).unwrap_or_default()) }
+        form.filter #letter-filter method="get" action={ (base) "/letters" } {
+            input type="hidden" name="s" value=(s);
+            @for (name, label) in LETTER_FIELDS {
+                label { (label) input type="text" name=(name) value=(list.query.value(name).unwrap_or_default()); }
+            }
+            button #apply-filter type="submit" { "Filter" }
+            a href={ (base) "/letters?s=" (s) } { "clear" }
+        }
+        @match &list.letters {
+            Err(message) => p.error #filter-error { (message) },
+            Ok((letters, matching, capped)) => {
+                p { span #letter-count { (matching) @if *capped { "+" } } " dead letters match"
+                    @if *capped { " (counted up to " (COUNT_CAP) ")" }
+                    @if letters.len() < *matching { "; the oldest " (LIST_LIMIT) " are listed" } "." }
+                @if letters.is_empty() {
+                    p.muted { "None." }
+                } @else {
+                    form #letter-form method="post" action={ (base) "/actions/replay" } {
+                        @if let Some(admin) = frame.admin {
+                            input type="hidden" name="csrf" value=(admin.csrf);
+                            input type="hidden" name="s" value=(s);
+                            (filter_fields(&list.query))
+                            div.actions {
+                                button.action #replay-selected type="submit" name="scope" value="ids" formaction={ (base) "/actions/replay" } { "Replay selected" }
+                                button.action #discard-selected type="submit" name="scope" value="ids" formaction={ (base) "/actions/discard" } { "Discard selected" }
+                                button.action #replay-matching type="submit" name="scope" value="filter" formaction={ (base) "/actions/replay" } { "Replay all matching" }
+                                button.action #discard-matching type="submit" name="scope" value="filter" formaction={ (base) "/actions/discard" } { "Discard all matching" }
+                            }
+                        }
+                        table #letter-rows {
+                            thead { tr {
+                                @if frame.admin.is_some() { th {} }
+                                th { "id" } th { "consumer" } th { "event" } th { "aggregate" } th.num { "attempts" } th { "died" } th { "reason" }
+                            } }
+                            tbody {
+                                @for letter in letters {
+                                    tr data-id=(letter.id) {
+                                        @if frame.admin.is_some() { td { input type="checkbox" name="id" value=(letter.id); } }
+                                        td { a.letter-link href={ (base) "/letter?" (form_urlencoded::Serializer::new(String::new()).append_pair("s", &s).append_pair("id", &letter.id).finish()) } { (letter.id) } }
+                                        td { (dash(&letter.consumer)) }
+                                        td { (dash(&letter.event_type)) }
+                                        td { (dash(&letter.aggregate_type)) " / " (dash(&letter.aggregate_id)) }
+                                        td.num { (letter.attempts.map_or_else(|| "-".to_owned(), |a| a.to_string())) }
+                                        td { (dash(&letter.dead_at)) }
+                                        td.error-text { (crate::__support::truncate(letter.reason.as_deref().unwrap_or(""), 160)) }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One consumer dead letter, headers and payload included.
+pub(super) fn letter(frame: &Frame<'_>, source: usize, id: &str, letter: Option<&DeadLetterEntry>) -> Markup {
+    let base = frame.base;
+    html! {
+        @match letter {
+            None => { h1 { "No such dead letter" } p #letter-state { "No dead letter has the id " code { (id) } " (it may have been replayed or discarded)." } }
+            Some(letter) => {
+                h1 { "Dead letter " (letter.id) }
+                table.detail {
+                    tbody {
+                        tr { th { "consumer" } td #letter-consumer { (dash(&letter.consumer)) } }
+                        tr { th { "event" } td { (dash(&letter.event_type)) " " (dash(&letter.event_id)) } }
+                        tr { th { "aggregate" } td { (dash(&letter.aggregate_type)) " / " (dash(&letter.aggregate_id)) } }
+                        tr { th { "attempts" } td { (letter.attempts.map_or_else(|| "-".to_owned(), |a| a.to_string())) } }
+                        tr { th { "died" } td { (dash(&letter.dead_at)) } }
+                        tr { th { "first published to" } td { (dash(&letter.origin)) } }
+                        tr { th { "reason" } td.error-text #letter-reason { (dash(&letter.reason)) } }
+                    }
+                }
+                h2 { "Payload" }
+                pre #payload { (letter.payload.as_ref().map(pretty).unwrap_or_default()) }
+                h2 { "Headers" }
+                table #letter-headers { tbody { @for (name, value) in letter.headers.iter().flatten() { tr { th { (name) } td { (value) } } } } }
+                @if let Some(admin) = frame.admin {
+                    form method="post" action={ (base) "/actions/replay" } {
+                        input type="hidden" name="csrf" value=(admin.csrf);
+                        input type="hidden" name="s" value=(source);
+                        input type="hidden" name="scope" value="ids";
+                        input type="hidden" name="id" value=(letter.id);
+                        div.actions {
+                            button.action #replay-one type="submit" { "Replay this letter" }
+                            button.action #discard-one type="submit" formaction={ (base) "/actions/discard" } { "Discard this letter" }
+                        }
+                    }
+                }
+            }
+        }
+        (back(frame, Some(source), &DeadQuery::default()))
+    }
+}
+
+fn dash(value: &Option<String>) -> &str {
+    value.as_deref().unwrap_or("-")
 }
 
 pub(super) fn message(title: &str, text: &str) -> Markup {

@@ -146,7 +146,9 @@ impl DeadLetters for RabbitTransport {
 
     /// The [`DeadLetters`] walk on a channel of its own: every letter is taken with `basic.get`; a replayed
     /// or discarded one is acked (a replayed one after its republish was confirmed), and closing the
-    /// channel hands every other one back to the dead-letter queue, in its place.
+    /// channel hands every other one back to the dead-letter queue, in its place. Letters held by a walk
+    /// are invisible to another walk until it ends: two walks at once (two operators, a dashboard's count
+    /// and a command) each miss what the other holds; nothing is lost, and a walk run again sees them.
     async fn dead_letters(
         &self,
         filter: &DeadLetterFilter,
