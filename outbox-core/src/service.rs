@@ -28,7 +28,8 @@
 //!   statements. It shares nothing with the relay tasks, so a long cleanup never delays a
 //!   publish.
 //! - one stats sampler: [`MaintenanceStore::stats`] every [`ServiceConfig::stats_interval`], for
-//!   [`Health::stats`] (the oldest pending event's age is what to alert on).
+//!   [`Health::stats`] (the oldest pending event's age is what to alert on), and then the service's
+//!   [`Heartbeat`] ([`MaintenanceStore::record_heartbeat`]), so other processes see it alive.
 //! - the tasks given to [`OutboxServiceBuilder::with_task`], e.g. a LISTEN/NOTIFY wake-up source, with the
 //!   service's shutdown token.
 //!
@@ -50,7 +51,7 @@ use crate::config::{Backoff, DEFAULT_ERROR_BACKOFF, RelayConfig};
 use crate::error::{Error, Result};
 use crate::publisher::Publisher;
 use crate::relay::{PassReport, Relay, run_loop};
-use crate::store::{MaintenanceStore, OutboxStats, OutboxStore};
+use crate::store::{Heartbeat, MaintenanceStore, OutboxStats, OutboxStore};
 
 /// The name of the database lock the cleanup takes.
 pub const CLEANUP_LOCK: &str = "outbox_cleanup";
@@ -171,7 +172,7 @@ pub struct ServiceConfig {
     pub relays: u32,
     /// The wait after failed passes (default 500 ms doubling up to 30 s, jittered).
     pub error_backoff: Backoff,
-    /// Time between stats samples (default 15 s).
+    /// Time between stats samples and heartbeats (default 15 s).
     pub stats_interval: Duration,
     /// The periodic cleanup; `None` runs none.
     pub cleanup: Option<CleanupConfig>,
@@ -360,7 +361,8 @@ impl<S: OutboxStore + MaintenanceStore + 'static, P: Publisher + 'static> Outbox
         if let Some(cleanup) = config.cleanup.clone() {
             tracker.spawn(cleanup_loop(store.clone(), cleanup, shutdown.clone(), health.clone()));
         }
-        tracker.spawn(sample_loop(store, config.stats_interval, shutdown.clone(), health.clone()));
+        let beacon = Beacon::new(config.relays, config.stats_interval);
+        tracker.spawn(sample_loop(store, beacon, shutdown.clone(), health.clone()));
         for task in tasks {
             tracker.spawn(task(shutdown.clone()));
         }
@@ -497,9 +499,58 @@ async fn cleanup_once<S: MaintenanceStore>(store: &S, config: &CleanupConfig) ->
     Ok(Some((outbox, inbox)))
 }
 
+/// Who this service is, for its heartbeats.
+struct Beacon {
+    process: String,
+    host: String,
+    pid: u32,
+    relays: u32,
+    started_at: DateTime<Utc>,
+    every: Duration,
+}
+
+impl Beacon {
+    fn new(relays: u32, every: Duration) -> Self {
+        let host = host_name();
+        let (pid, started_at) = (std::process::id(), Utc::now());
+        let process = crate::text::truncate(&format!("{host}:{pid}:{}", started_at.timestamp_millis()), 100);
+        Beacon { process, host, pid, relays, started_at, every }
+    }
+
+    fn beat(&self, health: &Health, stopped: bool) -> Heartbeat {
+        Heartbeat {
+            process: self.process.clone(),
+            host: self.host.clone(),
+            pid: self.pid,
+            relays: self.relays,
+            started_at: self.started_at,
+            at: Utc::now(),
+            every: self.every,
+            last_success_at: health.last_success_at,
+            consecutive_failures: health.consecutive_failures,
+            last_error: health.last_error.clone(),
+            published_events: health.published_events,
+            stopped,
+        }
+    }
+}
+
+/// The machine's name, from the kernel or the environment; `unknown` when neither says.
+fn host_name() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::env::var("COMPUTERNAME").ok())
+        .map(|name| crate::text::one_line(name.trim()))
+        .filter(|name| !name.is_empty());
+    crate::text::truncate(name.as_deref().unwrap_or("unknown"), 100)
+}
+
+/// Samples the backlog and writes this service's heartbeat every interval; at shutdown, one last
+/// heartbeat that says it stopped (given 2 s, so a dead database cannot hold the shutdown).
 async fn sample_loop<S: MaintenanceStore>(
     store: Arc<S>,
-    interval: Duration,
+    beacon: Beacon,
     shutdown: CancellationToken,
     health: SharedHealth,
 ) {
@@ -517,10 +568,24 @@ async fn sample_loop<S: MaintenanceStore>(
             }
             Err(error) => tracing::warn!(%error, "outbox stats sample failed"),
         }
+        let beat = beacon.beat(&health.lock(), false);
+        let recorded = tokio::select! {
+            () = shutdown.cancelled() => break,
+            recorded = store.record_heartbeat(&beat) => recorded,
+        };
+        if let Err(error) = recorded {
+            tracing::warn!(%error, "outbox heartbeat not recorded");
+        }
         tokio::select! {
             () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(interval) => {}
+            () = tokio::time::sleep(beacon.every) => {}
         }
+    }
+    let last = beacon.beat(&health.lock(), true);
+    match tokio::time::timeout(Duration::from_secs(2), store.record_heartbeat(&last)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::debug!(%error, "outbox: the last heartbeat was not recorded"),
+        Err(_) => tracing::debug!("outbox: the last heartbeat took over 2 s; given up"),
     }
 }
 

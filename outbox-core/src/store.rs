@@ -107,6 +107,37 @@ pub struct OutboxStats {
     pub max_attempts: i32,
 }
 
+/// What a running [`OutboxService`](crate::OutboxService) says about itself at every stats sample, so that
+/// other processes (the dashboard, an operator) can see which relays are alive and how they fare.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Heartbeat {
+    /// This service's id, unique per start: `host:pid:start time in ms`.
+    pub process: String,
+    /// The machine's host name (`unknown` when it cannot be read).
+    pub host: String,
+    /// The process id.
+    pub pid: u32,
+    /// Relay tasks in the service.
+    pub relays: u32,
+    /// When the service started.
+    pub started_at: DateTime<Utc>,
+    /// When this heartbeat was written.
+    pub at: DateTime<Utc>,
+    /// How long until the next one: a heartbeat older than a few of these means the process is gone.
+    pub every: Duration,
+    /// When a relay pass last succeeded.
+    pub last_success_at: Option<DateTime<Utc>>,
+    /// Relay passes that failed in a row.
+    pub consecutive_failures: u32,
+    /// The last failed pass's error, until a pass succeeds.
+    pub last_error: Option<String>,
+    /// Events published since the service started.
+    pub published_events: u64,
+    /// The service was shut down: its last heartbeat.
+    pub stopped: bool,
+}
+
 /// What the relay needs of a database: claim due rows as runs, then record each outcome
 /// ([`ClaimedBatch::complete`]).
 pub trait OutboxStore: Send + Sync {
@@ -164,6 +195,13 @@ pub trait MaintenanceStore: Send + Sync {
     ) -> impl Future<Output = Result<u64>> + Send {
         let _ = (now, retention, batch);
         async { Ok(0) }
+    }
+
+    /// Records `beat`, replacing the previous heartbeat of the same [`Heartbeat::process`]; stores may also
+    /// forget heartbeats long gone. The default records nothing: a store without a place for them.
+    fn record_heartbeat(&self, beat: &Heartbeat) -> impl Future<Output = Result<()>> + Send {
+        let _ = beat;
+        async { Ok(()) }
     }
 
     /// Tries to take the database-wide lock `name` without waiting: `Some` when this process now holds it,

@@ -20,6 +20,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m20261216_000005_foreign_writers::Migration),
         Box::new(m20261217_000006_one_pending_index::Migration),
         Box::new(m20261218_000007_dead_index::Migration),
+        Box::new(m20261219_000008_relay_heartbeats::Migration),
     ]
 }
 
@@ -641,6 +642,56 @@ pub mod m20261218_000007_dead_index {
                 _ => "DROP INDEX outbox_events_dead",
             };
             execute_all(manager, &[drop]).await
+        }
+    }
+}
+
+/// The relay processes' heartbeats (`outbox_relays`): each `OutboxService` writes its own at every stats
+/// sample (`admin::relays` reads them; the dashboard shows them), so any process can see which relays are
+/// alive. A row per process start, forgotten a day after its last heartbeat.
+#[allow(non_camel_case_types)]
+pub mod m20261219_000008_relay_heartbeats {
+    use super::*;
+
+    /// The migration.
+    pub struct Migration;
+
+    impl MigrationName for Migration {
+        fn name(&self) -> &str {
+            "m20261219_000008_relay_heartbeats"
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MigrationTrait for Migration {
+        async fn up(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            if done_already(manager, "outbox_relays", None).await? {
+                return Ok(());
+            }
+            let big = |name: &str| ColumnDef::new(Alias::new(name)).big_integer().not_null().to_owned();
+            manager
+                .create_table(
+                    Table::create()
+                        .table(Alias::new("outbox_relays"))
+                        .col(ColumnDef::new(Alias::new("process")).string_len(100).not_null().primary_key())
+                        .col(ColumnDef::new(Alias::new("host")).string_len(100).not_null())
+                        .col(big("pid"))
+                        .col(big("relays"))
+                        .col(big("started_at_ms"))
+                        .col(big("seen_at_ms"))
+                        .col(big("every_ms"))
+                        .col(ColumnDef::new(Alias::new("last_success_at_ms")).big_integer().null())
+                        .col(big("consecutive_failures"))
+                        .col(ColumnDef::new(Alias::new("last_error")).text().null())
+                        .col(big("published_events"))
+                        .col(ColumnDef::new(Alias::new("stopped")).boolean().not_null())
+                        .to_owned(),
+                )
+                .await
+        }
+
+        async fn down(&self, manager: &SchemaManager) -> std::result::Result<(), DbErr> {
+            manager.drop_table(Table::drop().table(Alias::new("outbox_relays")).to_owned()).await
         }
     }
 }

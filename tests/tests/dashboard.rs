@@ -23,9 +23,10 @@ use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport, redis};
 use outbox_seaorm::consume::{DeadLetterFilter, DeadLetters};
 use outbox_seaorm::dashboard::{Dashboard, DashboardConfig};
 use outbox_seaorm::{
-    Destination, EventId, InMemoryPublisher, NewEvent, OutboxEvent, PublishError, Publisher, Relay, RelayConfig,
-    SeaOrmStore,
+    Destination, EventId, InMemoryPublisher, NewEvent, OutboxEvent, OutboxService, PublishError, Publisher, Relay,
+    RelayConfig, SeaOrmStore,
 };
+use sea_orm::ConnectionTrait;
 
 const TOKEN: &str = "a-test-admin-token-0123456789";
 /// What a script in a payload or an error would set if it ran.
@@ -360,6 +361,42 @@ async fn without_the_token_or_its_csrf_nothing_changes(t: TestDb) {
 per_backend!(what_the_page_shows_is_what_the_database_holds, "dash_shows");
 per_backend!(a_dead_event_is_found_opened_and_replayed_with_the_token, "dash_replay");
 per_backend!(without_the_token_or_its_csrf_nothing_changes, "dash_refuse");
+
+/// Every relay process writes a heartbeat: a running service shows as alive with its host and pid, then
+/// as stopped once shut down; a process that stopped writing (killed) shows as gone.
+async fn relay_processes_show_alive_stopped_and_gone(t: TestDb) {
+    let Some(browser) = browser().await else { return };
+    let client = &browser.client;
+    let killed = "INSERT INTO outbox_relays (process, host, pid, relays, started_at_ms, seen_at_ms, every_ms, \
+                  last_success_at_ms, consecutive_failures, last_error, published_events, stopped) \
+                  VALUES ('killed-host:42:1', 'killed-host', 42, 1, 1, {seen}, 15000, NULL, 3, 'broker timeout', 9, {no})";
+    let ten_minutes_ago = chrono::Utc::now().timestamp_millis() - 600_000;
+    let no = if t.backend == sea_orm::DbBackend::Postgres { "false" } else { "0" };
+    let sql = killed.replace("{seen}", &ten_minutes_ago.to_string()).replace("{no}", no);
+    t.db.execute_unprepared(&sql).await.unwrap_or_else(|e| panic!("{t}: {sql}: {e}"));
+    let service = OutboxService::builder(SeaOrmStore::new(t.db.clone()), InMemoryPublisher::new())
+        .stats_interval(Duration::from_secs(1))
+        .without_cleanup()
+        .start()
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+
+    let url = serve(&t, DashboardConfig::read_only().with_refresh(Duration::from_secs(1))).await;
+    client.goto(&url).await.expect("open the overview");
+    let this = format!("#processes tr[data-process^='{}:{}:'] strong.state", host(), std::process::id());
+    wait_text(client, &this, "alive").await;
+    wait_text(client, "#processes tr[data-process='killed-host:42:1'] strong.state", "gone").await;
+    let row = text(client, "#processes tr[data-process='killed-host:42:1']").await;
+    assert!(row.contains("killed-host pid 42") && row.contains("broker timeout"), "{t}: {row}");
+    service.shutdown().await;
+    wait_text(client, &this, "stopped").await;
+    client.clone().close().await.ok();
+}
+per_backend!(relay_processes_show_alive_stopped_and_gone, "dash_relays");
+
+/// The host name as the service reads it.
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
+}
 
 const REDIS: &str = "redis://127.0.0.1:6379";
 /// The consumer that dead-letters (the `outbox_dead_consumer` header).

@@ -193,7 +193,7 @@ per_backend!(cleanup_reports_progress_per_batch_and_never_deletes_unpublished_ro
 
 /// Drops the outbox's tables and its bookkeeping: a database that was never migrated.
 async fn unmigrate(t: &TestDb) {
-    for table in ["outbox_events", "outbox_aggregates", "inbox_messages", "outbox_seaorm_migrations"] {
+    for table in ["outbox_events", "outbox_aggregates", "outbox_relays", "inbox_messages", "outbox_seaorm_migrations"] {
         let sql = format!("DROP TABLE {table}");
         t.db.execute_unprepared(&sql).await.unwrap_or_else(|e| panic!("{t}: {sql}: {e}"));
     }

@@ -85,7 +85,7 @@ pub struct RelayArgs {
     /// Run no cleanup in this process.
     #[arg(long, env = "OUTBOX_NO_CLEANUP")]
     no_cleanup: bool,
-    /// Time between backlog samples.
+    /// Time between backlog samples and heartbeats (the dashboard shows a relay as gone after three).
     #[arg(long, env = "OUTBOX_STATS_INTERVAL", default_value = "15s", value_parser = duration::parse, value_name = "DURATION")]
     stats_interval: Duration,
     /// Time between status lines in the log.

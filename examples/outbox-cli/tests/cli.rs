@@ -371,13 +371,22 @@ async fn relay_dashboard_shows_its_relay_and_refuses_actions_without_the_token(t
     let stream = format!("outbox-cli-dashboard:{}", outbox_integration_tests::run_suffix());
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let relay = spawn_relay_with(&t, "redis://127.0.0.1:6379", &stream, &["--http", &addr, "--dashboard"]);
+    let relay = spawn_relay_with(
+        &t,
+        "redis://127.0.0.1:6379",
+        &stream,
+        &["--http", &addr, "--dashboard", "--stats-interval", "1s"],
+    );
     // The page beside /metrics shows this process's relay once it has passed, and the backlog it drained.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (status, page) = get(port, "/");
         assert_eq!(status, 200, "{t}: {page}");
-        if page.contains(r#"id="relay-state">healthy<"#) && page.contains(r#"id="pending">0<"#) {
+        // ... and its heartbeat in the table of every relay process.
+        if page.contains(r#"id="relay-state">healthy<"#)
+            && page.contains(r#"id="pending">0<"#)
+            && page.contains(r#"class="state alive">alive<"#)
+        {
             assert!(page.contains("redis://127.0.0.1:6379"), "{t}: the broker is shown");
             break;
         }

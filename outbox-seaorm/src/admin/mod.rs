@@ -5,6 +5,7 @@
 //!   [`DeadFilter`];
 //! - [`cleanup`]: published outbox rows and inbox rows past their retention, in batches, with progress;
 //! - [`check`]: connection, migrations, a writable primary, clock skew;
+//! - [`relays`]: the relay processes' heartbeats: which are alive, failing, stopped or gone;
 //! - [`migrate`](crate::migrate): safe when several replicas start at once.
 //!
 //! None of them needs a trait or a time library in scope:
@@ -24,11 +25,13 @@
 mod check;
 mod cleanup;
 mod dead;
+mod relays;
 mod stats;
 
 pub use check::{Check, CheckOptions, CheckReport, check, clock_skew, pending_migrations, read_only_reason};
 pub use cleanup::{CleanupProgress, CleanupReport, CleanupTable, cleanup};
 pub use dead::{DeadEvent, DeadFilter, count_dead, discard_dead, list_dead, replay_dead, show_dead};
+pub use relays::{HEARTBEAT_RETENTION, RelayProcess, relays};
 pub use stats::{GroupStats, Stats, StatsMode, stats, stats_in};
 
 pub use outbox_runtime::CleanupConfig;
@@ -36,13 +39,14 @@ pub use outbox_runtime::CleanupConfig;
 pub(crate) use cleanup::{cutoff_ms, delete_in_batches};
 #[cfg(feature = "dashboard")]
 pub(crate) use dead::{dead_rows, rfc3339};
+pub(crate) use relays::record as record_heartbeat;
 #[cfg(feature = "dashboard")]
 pub(crate) use stats::count;
 pub(crate) use stats::totals;
 
 /// The names of the outbox migrations, oldest first: what [`pending_migrations`] looks for (also without
 /// the `migrations` feature).
-pub const MIGRATION_NAMES: [&str; 7] = [
+pub const MIGRATION_NAMES: [&str; 8] = [
     "m20261129_000001_create_outbox",
     "m20261129_000002_create_inbox",
     "m20261201_000003_aggregate_versions",
@@ -50,6 +54,7 @@ pub const MIGRATION_NAMES: [&str; 7] = [
     "m20261216_000005_foreign_writers",
     "m20261217_000006_one_pending_index",
     "m20261218_000007_dead_index",
+    "m20261219_000008_relay_heartbeats",
 ];
 
 #[cfg(all(test, feature = "migrations"))]

@@ -4,7 +4,7 @@ use chrono::Utc;
 use sea_orm::sea_query::{Alias, Cond, Expr, ExprTrait, Query};
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
-use crate::admin::{self, DeadEvent, DeadFilter, Stats};
+use crate::admin::{self, DeadEvent, DeadFilter, RelayProcess, Stats};
 use crate::entity::outbox_aggregate;
 use crate::entity::outbox_event::{self, Column, Entity};
 use crate::error::{Result, store_error};
@@ -32,6 +32,8 @@ pub(super) struct Behind {
 pub(super) struct Backlog {
     pub stats: Stats,
     pub behind: Vec<Behind>,
+    /// The relay processes' heartbeats, or why they could not be read.
+    pub relays: std::result::Result<Vec<RelayProcess>, String>,
     pub read_at_ms: i64,
     pub took_ms: u64,
 }
@@ -40,9 +42,11 @@ pub(super) async fn backlog<C: ConnectionTrait>(db: &C) -> Result<Backlog> {
     let started = std::time::Instant::now();
     let stats = admin::stats(db).await?;
     let behind = if stats.totals.pending + stats.totals.dead == 0 { Vec::new() } else { behind(db).await? };
+    let relays = admin::relays(db).await.map_err(|e| e.to_string());
     Ok(Backlog {
         stats,
         behind,
+        relays,
         read_at_ms: Utc::now().timestamp_millis(),
         took_ms: started.elapsed().as_millis() as u64,
     })

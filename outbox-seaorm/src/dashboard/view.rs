@@ -10,7 +10,7 @@ use super::chart::{self, Sample};
 use super::form::{DeadQuery, FILTER_FIELDS, LETTER_FIELDS};
 use super::letters::{COUNT_CAP, LIST_LIMIT, LetterCounts};
 use super::read::{Backlog, DEAD_PAGE};
-use crate::admin::{DeadEvent, GroupStats, rfc3339};
+use crate::admin::{DeadEvent, GroupStats, RelayProcess, rfc3339};
 use crate::entity::outbox_event;
 use outbox_runtime::consume::DeadLetterEntry;
 
@@ -154,6 +154,12 @@ pub(super) fn overview(frame: &Frame<'_>, overview: &Overview<'_>) -> Markup {
                     (letter_counts(frame, overview.letters))
                 }
             }
+            @if let Ok(backlog) = &overview.backlog {
+                section {
+                    h2 { "Relay processes" }
+                    (processes(&backlog.relays, overview.now_ms))
+                }
+            }
             section {
                 h2 { "Relays in this process" }
                 (relays(overview.health.as_ref(), overview.details))
@@ -205,6 +211,34 @@ fn letter_counts(frame: &Frame<'_>, sources: &[LetterCounts]) -> Markup {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Every relay process's last heartbeat.
+fn processes(relays: &Result<Vec<RelayProcess>, String>, now_ms: i64) -> Markup {
+    let ago = |ms: i64| format!("{} ago", age(u64::try_from((now_ms - ms) / 1000).unwrap_or(0)));
+    html! {
+        @match relays {
+            Err(message) => p.error #processes-error { "Cannot read the heartbeats: " (message) },
+            Ok(relays) if relays.is_empty() => p.muted #processes-empty { "No relay process has written a heartbeat in the last day (an OutboxService writes one at every stats sample)." },
+            Ok(relays) => table #processes {
+                thead { tr { th { "process" } th { "state" } th.num { "relays" } th { "last heartbeat" } th { "last successful pass" } th.num { "failures in a row" } th.num { "published" } th { "last error" } } }
+                tbody {
+                    @for relay in relays {
+                        tr data-process=(relay.process) {
+                            td { (relay.host) " pid " (relay.pid) }
+                            td { strong class={ "state " (relay.state) } { (relay.state) } }
+                            td.num { (relay.relays) }
+                            td { (ago(relay.seen_at_ms)) }
+                            td { (relay.last_success_at_ms.map(ago).unwrap_or_else(|| "none yet".to_owned())) }
+                            td.num { (relay.consecutive_failures) }
+                            td.num { (relay.published_events) }
+                            td.error-text { (relay.last_error.as_deref().unwrap_or("")) }
+                        }
+                    }
+                }
+            },
         }
     }
 }

@@ -26,8 +26,8 @@ use outbox_runtime::{ClaimMode, DeadLetterPolicy, OutboxEvent};
 
 /// The store contract (the runtime's `store` module), beside its implementation on SeaORM.
 pub use outbox_runtime::store::{
-    BatchOutcome, ClaimRequest, ClaimedBatch, Failure, MaintenanceStore, MarkReport, OutboxStats, OutboxStore,
-    StoreLock,
+    BatchOutcome, ClaimRequest, ClaimedBatch, Failure, Heartbeat, MaintenanceStore, MarkReport, OutboxStats,
+    OutboxStore, StoreLock,
 };
 
 use crate::admin::{self, CleanupTable};
@@ -200,6 +200,13 @@ impl OutboxStore for SeaOrmStore {
 impl MaintenanceStore for SeaOrmStore {
     async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats> {
         admin::totals(&self.db, now.timestamp_millis()).await.map_err(self.err("read stats"))
+    }
+
+    async fn record_heartbeat(&self, beat: &Heartbeat) -> Result<()> {
+        let backend = self.backend();
+        admin::record_heartbeat(&self.db, beat)
+            .await
+            .map_err(|e| store_error("record the relay's heartbeat", "outbox_relays", backend, e))
     }
 
     async fn cleanup(&self, now: DateTime<Utc>, retention: Duration, batch: u32) -> Result<u64> {
