@@ -147,6 +147,9 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
         return Err(CliError::Refused("--status-interval is zero; expected e.g. 60s".to_owned()));
     }
 
+    if args.dashboard.admin_token.is_some() && !args.dashboard_pages {
+        tracing::warn!("an admin token was given but no dashboard is served: add --http ADDR --dashboard to use it");
+    }
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let http = match args.http {

@@ -289,7 +289,7 @@ fn dashboard_shows_them<B: Broker>(t: &outbox_integration_tests::TestDb, broker:
         .spawn()
         .expect("spawn outbox dashboard");
     let process = Process(Some(child));
-    let (status, page) = get(port, "/");
+    let (status, page) = get(port, "/fragments/overview");
     assert_eq!(status, 200, "{}: {page}", B::NAME);
     let count =
         format!(r#"data-source="0" data-consumer="{CONSUMER}"><a href="/letters?s=0&amp;consumer={CONSUMER}">3<"#);

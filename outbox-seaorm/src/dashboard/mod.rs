@@ -196,6 +196,7 @@ impl Dashboard {
             health: self.health,
             letter_sources: self.letter_sources,
             letter_counts: Mutex::new(Vec::new()),
+            reading: tokio::sync::Mutex::new(()),
             series: Mutex::new(Series::default()),
             backlog: Mutex::new(None),
             viewed_at_ms: AtomicI64::new(0),
@@ -225,6 +226,8 @@ struct Shared {
     letter_sources: Vec<Letters>,
     /// The last counts of the consumer dead letters, read with the backlog.
     letter_counts: Mutex<Vec<LetterCounts>>,
+    /// Held while the backlog is read: one read at a time.
+    reading: tokio::sync::Mutex<()>,
     series: Mutex<Series>,
     /// The last reading of the backlog: the pages show it, the sampler renews it.
     backlog: Mutex<Option<std::result::Result<Backlog, String>>>,
@@ -299,13 +302,32 @@ impl Shared {
                         _ => 0,
                     };
                     if viewed && now_ms - read_at >= refresh.as_millis() as i64 {
-                        let _kept_for_the_pages = this.read_backlog().await;
+                        let _kept_for_the_pages = this.fresh_backlog(refresh).await;
                     }
                     drop(this);
                     tokio::time::sleep(Ord::min(refresh, every)).await;
                 }
             });
         });
+    }
+
+    /// The kept reading of the backlog when it is younger than `max_age`; otherwise a new one. One read at
+    /// a time: a caller that waited for another's read takes its result.
+    async fn fresh_backlog(&self, max_age: Duration) -> std::result::Result<Backlog, String> {
+        let _turn = self.reading.lock().await;
+        match self.kept_backlog(max_age) {
+            Some(backlog) => Ok(backlog),
+            None => self.read_backlog().await,
+        }
+    }
+
+    /// The kept reading of the backlog, if it is younger than `max_age`.
+    fn kept_backlog(&self, max_age: Duration) -> Option<Backlog> {
+        let fresh_after = Utc::now().timestamp_millis() - max_age.as_millis() as i64;
+        match &*self.backlog.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(Ok(backlog)) if backlog.read_at_ms >= fresh_after => Some(backlog.clone()),
+            _ => None,
+        }
     }
 
     /// Reads the backlog and counts the consumer dead letters now, and keeps both for the pages.
@@ -327,15 +349,21 @@ impl Shared {
         backlog
     }
 
-    async fn overview_markup(self: &Arc<Self>, frame: &Frame<'_>) -> Markup {
+    /// The overview. `wait`: read the backlog when the kept reading is stale (the fragment); otherwise
+    /// (the page) answer at once with a placeholder the script replaces as soon as the reading is done.
+    async fn overview_markup(self: &Arc<Self>, frame: &Frame<'_>, wait: bool) -> Markup {
         self.viewed_at_ms.store(Utc::now().timestamp_millis(), Ordering::Relaxed);
         self.start_sampler();
         // The sampler's reading, unless nobody looked for a while and it stopped renewing it.
-        let kept = self.backlog.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let fresh_after = Utc::now().timestamp_millis() - 2 * self.config.refresh.as_millis() as i64;
-        let backlog = match kept {
-            Some(Ok(backlog)) if backlog.read_at_ms >= fresh_after => Ok(backlog),
-            _ => self.read_backlog().await,
+        let max_age = 2 * self.config.refresh;
+        let backlog = match self.kept_backlog(max_age) {
+            Some(backlog) => Ok(backlog),
+            None if wait => self.fresh_backlog(max_age).await,
+            None => {
+                let this = Arc::clone(self);
+                tokio::spawn(async move { this.fresh_backlog(max_age).await });
+                return view::reading();
+            }
         };
         let samples = self.series.lock().unwrap_or_else(PoisonError::into_inner).samples();
         let letters = self.letter_counts.lock().unwrap_or_else(PoisonError::into_inner).clone();
@@ -362,13 +390,13 @@ type Ctx = State<Arc<Shared>>;
 
 async fn index(State(s): Ctx, visit: Visit) -> Response {
     let frame = s.frame(&visit);
-    let body = s.overview_markup(&frame).await;
+    let body = s.overview_markup(&frame, false).await;
     html(StatusCode::OK, view::page(&frame, "Overview", body))
 }
 
 async fn overview_fragment(State(s): Ctx, visit: Visit) -> Response {
     let frame = s.frame(&visit);
-    html(StatusCode::OK, s.overview_markup(&frame).await)
+    html(StatusCode::OK, s.overview_markup(&frame, true).await)
 }
 
 async fn dead(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> Response {

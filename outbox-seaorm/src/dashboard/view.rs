@@ -171,6 +171,15 @@ pub(super) fn overview(frame: &Frame<'_>, overview: &Overview<'_>) -> Markup {
     }
 }
 
+/// The overview of a first view, while the backlog is read: the script asks for the figures at once.
+pub(super) fn reading() -> Markup {
+    html! {
+        div #overview data-reading="1" {
+            p.muted #reading { "Reading the outbox…" }
+        }
+    }
+}
+
 fn groups(id: &str, groups: &[GroupStats]) -> Markup {
     html! {
         @if groups.is_empty() {

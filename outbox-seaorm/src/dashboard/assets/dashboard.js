@@ -16,5 +16,7 @@
       })
       .catch(function () { /* the next tick tries again */ });
   }
+  // A first view shows a placeholder while the server reads the backlog: ask for the figures now.
+  if (document.getElementById("overview").hasAttribute("data-reading")) refresh();
   setInterval(refresh, every);
 })();
