@@ -48,17 +48,21 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
     let middle = sizes.published + sizes.pending + sizes.dead / 2;
 
     let rounds = ctx.size(15, 3);
-    // The first view of a new dashboard reads the backlog while the browser waits; later views and
-    // refreshes show the sampler's last reading, which it renews every 5 s while someone looks.
-    let mut first = Vec::with_capacity(rounds);
+    // The first view of a new dashboard answers with a placeholder while the backlog is read, and its
+    // script asks for the figures at once (the fragment waits for that read); later views and refreshes
+    // show the sampler's last reading, which it renews every 5 s while someone looks.
+    let (mut first, mut figures) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
     for _ in 0..rounds {
         let (addr, server) = serve(&db).await?;
         let started = Instant::now();
         get(addr, "/").await?;
         first.push(started.elapsed().as_secs_f64() * 1000.0);
+        get(addr, "/fragments/overview").await?;
+        figures.push(started.elapsed().as_secs_f64() * 1000.0);
         server.abort();
     }
     first.sort_by(f64::total_cmp);
+    figures.sort_by(f64::total_cmp);
     let (addr, server) = serve(&db).await?;
 
     let pages = [
@@ -78,13 +82,18 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
         )),
         &["page", "median ms", "p90 ms", "max ms", "KiB"],
     );
-    table.row(vec![
-        "first overview of a new dashboard (reads the backlog)".to_owned(),
-        fmt(quantile(&first, 0.5)),
-        fmt(quantile(&first, 0.9)),
-        fmt(first.last().copied().unwrap_or_default()),
-        String::new(),
-    ]);
+    for (name, times) in [
+        ("first overview of a new dashboard: the page (a placeholder)", &first),
+        ("first overview of a new dashboard: until its figures show (reads the backlog)", &figures),
+    ] {
+        table.row(vec![
+            name.to_owned(),
+            fmt(quantile(times, 0.5)),
+            fmt(quantile(times, 0.9)),
+            fmt(times.last().copied().unwrap_or_default()),
+            String::new(),
+        ]);
+    }
     for (name, path) in &pages {
         for _ in 0..2 {
             get(addr, path).await?;
