@@ -329,3 +329,95 @@ async fn bad_messages_are_dead_lettered_with_their_original_headers_and_the_next
     assert_eq!(publisher.message_count(&queue).await.expect("count"), 0, "{t}: everything settled");
     teardown(publisher, &exchange, &[&queue]).await;
 }
+
+/// A quorum queue, as a RabbitMQ cluster runs them: the consumer dead-letters a poison event at its last
+/// delivery into the quorum dead-letter queue, as on a classic queue; a message whose consumer died during
+/// each delivery is dead-lettered by RabbitMQ itself (`x-delivery-limit`) into the same queue. Both are
+/// listed with a reason; RabbitMQ's is replayed to its queue and applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_quorum_queue_the_consumers_and_the_delivery_limits_dead_letters_meet_in_one_queue() {
+    use outbox_seaorm::consume::{DeadLetterFilter, DeadLetters};
+    if !server_available("RabbitMQ", RABBIT).await {
+        return;
+    }
+    const MAX_DELIVERIES: u32 = 3;
+    let t = sqlite_only("rmq_quorum").await;
+    create_effect_table(&t).await;
+    let (exchange, queue) = names("quorum");
+    let dead_queue = format!("{queue}.dead");
+    let publisher = publisher(AMQP_URL, &exchange).await;
+    publisher
+        .declare_quorum_queue(&exchange, &queue, "rmq.parcel.#", &dead_queue, MAX_DELIVERIES)
+        .await
+        .expect("declare the quorum queues");
+    let bad = publisher.declare_quorum_queue(&exchange, &queue, "rmq.parcel.#", &dead_queue, 0).await;
+    assert!(matches!(bad, Err(Error::InvalidConfig { .. })), "a delivery limit of 0: {bad:?}");
+    enqueue_committed(&t, &[shipped("q1", 0)]).await;
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).expect("relay");
+    assert_eq!(drain_at(&relay, Utc::now()).await, 1, "{t}");
+
+    // A consumer that dies during every delivery of q1: each returns it unacknowledged, until RabbitMQ
+    // dead-letters it.
+    let raw = raw_connection().await;
+    let channel = raw.create_channel().await.expect("channel");
+    let mut returned = 0;
+    while let Some(got) = channel
+        .basic_get(queue.as_str().into(), lapin::options::BasicGetOptions { no_ack: false })
+        .await
+        .expect("basic.get")
+    {
+        returned += 1;
+        assert!(returned <= 10, "RabbitMQ never dead-lettered q1 after {returned} returns");
+        let requeue = lapin::options::BasicNackOptions { multiple: false, requeue: true };
+        got.delivery.acker.nack(requeue).await.expect("nack");
+    }
+    raw.close(200, "OK".into()).await.ok();
+
+    // A poison event the consumer dead-letters itself at its last delivery.
+    enqueue_committed(&t, &[shipped("q2", 0)]).await;
+    assert_eq!(drain_at(&relay, Utc::now()).await, 1, "{t}");
+    let db = t.db.clone();
+    let config = ConsumerConfig::default()
+        .with_backoff(Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(100), multiplier: 2 })
+        .with_fetch_wait(Duration::from_millis(200))
+        .with_max_deliveries(MAX_DELIVERIES);
+    let poisoned = Consumer::new(CONSUMER).expect("name").with_config(config).expect("config").on::<ParcelShipped>(
+        move |received: Received<ParcelShipped>| {
+            let db = db.clone();
+            async move {
+                if received.event.parcel_id == "q2" {
+                    return Err("q2 cannot be shipped".into());
+                }
+                ship(&db, &received.envelope).await.map_err(outbox_seaorm::BoxError::from)
+            }
+        },
+    );
+    let transport = RabbitTransport::connect(AMQP_URL, &queue, "rmq-quorum").await.expect("transport on quorum queues");
+    let running = Running::start(poisoned, transport);
+    wait_until("q2 dead-lettered", Duration::from_secs(30), || running.stats().dead_lettered >= 1).await;
+    running.stop().await;
+
+    let letters = RabbitTransport::connect(AMQP_URL, &queue, "rmq-quorum-ops").await.expect("transport");
+    let all = letters.list_dead_letters(&DeadLetterFilter::default(), 10).await.expect("list");
+    assert_eq!(all.len(), 2, "{t}: {all:?}");
+    let by_rabbit = all.iter().find(|l| l.aggregate_id.as_deref() == Some("q1")).expect("q1 is a dead letter");
+    let reason = by_rabbit.reason.clone().unwrap_or_default();
+    assert!(reason.contains("delivery_limit") && reason.contains(&queue), "{t}: {reason}");
+    assert_eq!(by_rabbit.origin.as_deref(), Some(&*format!("/{queue}")), "{t}: back to its queue");
+    let by_consumer = all.iter().find(|l| l.aggregate_id.as_deref() == Some("q2")).expect("q2 is a dead letter");
+    assert_eq!(by_consumer.consumer.as_deref(), Some(CONSUMER), "{t}");
+    assert!(by_consumer.reason.as_deref().is_some_and(|r| r.contains("cannot be shipped")), "{t}: {by_consumer:?}");
+
+    let replayed =
+        letters.replay_dead_letters_matching(&DeadLetterFilter::default().id(&by_rabbit.id)).await.expect("replay q1");
+    assert_eq!(replayed, 1, "{t}");
+    let running = Running::start(
+        shipping(&t.db),
+        RabbitTransport::connect(AMQP_URL, &queue, "rmq-quorum-2").await.expect("transport"),
+    );
+    wait_until("q1 applied", Duration::from_secs(30), || running.stats().processed >= 1).await;
+    running.stop().await;
+    assert_eq!(count_table(&t, "parcels_shipped").await, 1, "{t}: q1 applied once, q2 still dead");
+    assert_eq!(letters.list_dead_letters(&DeadLetterFilter::default(), 10).await.expect("list").len(), 1, "{t}");
+    teardown(relay.publisher(), &exchange, &[&queue]).await;
+}

@@ -297,7 +297,11 @@ type Deliveries = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 
 /// Writes the recorded deliveries every 100 ms, in statements of up to 1,000 rows, until `done` (the
 /// consumer returned); then once more.
-async fn flush_deliveries(db: DatabaseConnection, deliveries: Deliveries, done: CancellationToken) -> Result<(), SoakError> {
+async fn flush_deliveries(
+    db: DatabaseConnection,
+    deliveries: Deliveries,
+    done: CancellationToken,
+) -> Result<(), SoakError> {
     loop {
         let stopping = tokio::select! {
             () = done.cancelled() => true,

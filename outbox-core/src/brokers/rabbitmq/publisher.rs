@@ -199,6 +199,47 @@ impl RabbitPublisher {
         self.declare(exchange, queue, binding_key, arguments).await
     }
 
+    /// Like [`declare_queue_with_dead_letters`](Self::declare_queue_with_dead_letters), for a cluster: a
+    /// quorum `queue` (`x-queue-type=quorum`, replicated over the cluster's nodes, a majority confirms each
+    /// message) and a quorum `dead_letter_queue`. `delivery_limit` (`x-delivery-limit`, at least 1) must be
+    /// the consumer's [`ConsumerConfig::max_deliveries`](crate::ConsumerConfig::max_deliveries): the
+    /// [`RabbitTransport`](super::RabbitTransport) dead-letters a message at that delivery itself, with its
+    /// reason, so RabbitMQ's own limit only acts on a message whose consumer died during its last delivery;
+    /// RabbitMQ then dead-letters it into the same queue, at least once (`x-dead-letter-strategy`,
+    /// which needs `x-overflow=reject-publish`), where `outbox dead-letters` lists and replays it.
+    pub async fn declare_quorum_queue(
+        &self,
+        exchange: &str,
+        queue: &str,
+        binding_key: &str,
+        dead_letter_queue: &str,
+        delivery_limit: u32,
+    ) -> Result<()> {
+        check_name("dead_letter_queue", dead_letter_queue, false)?;
+        if delivery_limit == 0 {
+            return Err(Error::invalid_config("delivery_limit", "is 0; expected the consumer's max_deliveries"));
+        }
+        let quorum = || {
+            let mut arguments = FieldTable::default();
+            arguments.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+            arguments
+        };
+        let channel = self.topology_channel().await?;
+        channel
+            .queue_declare(short(dead_letter_queue), durable_queue(), quorum())
+            .await
+            .map_err(|e| Error::broker(BROKER, format!("declare quorum dead-letter queue {dead_letter_queue:?}"), e))?;
+        close_quietly(&channel).await;
+        let mut arguments = quorum();
+        arguments
+            .insert("x-delivery-limit".into(), AMQPValue::LongInt(i32::try_from(delivery_limit).unwrap_or(i32::MAX)));
+        arguments.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+        arguments.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(dead_letter_queue.into()));
+        arguments.insert("x-dead-letter-strategy".into(), AMQPValue::LongString("at-least-once".into()));
+        arguments.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
+        self.declare(exchange, queue, binding_key, arguments).await
+    }
+
     async fn declare(&self, exchange: &str, queue: &str, binding_key: &str, arguments: FieldTable) -> Result<()> {
         check_name("queue", queue, false)?;
         check_name("binding_key", binding_key, true)?;

@@ -34,7 +34,7 @@ impl RabbitTransport {
                 .map_err(|e| Error::broker(BROKER, format!("read dead-letter queue {queue:?}"), e))?;
             let Some(got) = got else { break };
             let letter = got.delivery;
-            let headers = headers_of(&letter.properties);
+            let headers = with_broker_death(headers_of(&letter.properties));
             let id = letter_id(&headers, &letter.data);
             let entry = DeadLetterEntry::from_headers(id, &headers, &letter.data, content);
             if !filter.matches(&entry, now) {
@@ -108,8 +108,24 @@ impl RabbitTransport {
     }
 }
 
+/// A letter RabbitMQ dead-lettered itself (a quorum queue's `x-delivery-limit`, reached when the consumer
+/// died during the last delivery; a TTL; a length limit) has no dead-letter headers of ours, but RabbitMQ's
+/// `x-first-death-*` ones: they give its reason, and its origin is the queue it died in (through the
+/// default exchange), so it is listed with a reason and replayed like the others.
+fn with_broker_death(mut headers: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    if headers.contains_key(dead_header::ORIGIN) {
+        return headers;
+    }
+    let Some(queue) = headers.get("x-first-death-queue").cloned() else { return headers };
+    let reason = headers.get("x-first-death-reason").cloned().unwrap_or_else(|| "unknown".to_owned());
+    headers.insert(dead_header::ORIGIN.to_owned(), super::encode_origin("", &queue));
+    headers
+        .insert(dead_header::REASON.to_owned(), format!("dead-lettered by RabbitMQ ({reason}) from queue {queue:?}"));
+    headers
+}
+
 /// A RabbitMQ dead letter's id: its queue has no message ids, so a hash (64-bit FNV-1a) of its headers
-/// and payload, stable while it waits (`r` and 16 hex digits).
+/// (but the delivery count) and payload, stable while it waits (`r` and 16 hex digits).
 fn letter_id(headers: &BTreeMap<String, String>, payload: &[u8]) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut feed = |bytes: &[u8]| {
@@ -118,7 +134,8 @@ fn letter_id(headers: &BTreeMap<String, String>, payload: &[u8]) -> String {
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
     };
-    for (name, value) in headers {
+    // A quorum queue counts every walk that hands the letter back (`x-delivery-count`): not part of it.
+    for (name, value) in headers.iter().filter(|(name, _)| *name != super::DELIVERY_COUNT_HEADER) {
         feed(name.as_bytes());
         feed(value.as_bytes());
     }

@@ -134,11 +134,25 @@ impl RabbitTransport {
             )
             .await
             .map_err(|e| Error::broker(BROKER, format!("find queue {queue:?} (declare it first)"), e))?;
-        channel
-            .queue_declare(short(dead_letter_queue), durable_queue(), FieldTable::default())
+        // A dead-letter queue that exists is used as it is (a quorum queue, one with arguments); a passive
+        // declare that finds none closes its channel, and a new one declares a classic durable queue.
+        let found = channel
+            .queue_declare(
+                short(dead_letter_queue),
+                QueueDeclareOptions { passive: true, ..durable_queue() },
+                FieldTable::default(),
+            )
             .await
-            .map_err(|e| Error::broker(BROKER, format!("declare dead-letter queue {dead_letter_queue:?}"), e))?;
+            .is_ok();
         close_quietly(&channel).await;
+        if !found {
+            let channel = transport.channel().await?;
+            channel
+                .queue_declare(short(dead_letter_queue), durable_queue(), FieldTable::default())
+                .await
+                .map_err(|e| Error::broker(BROKER, format!("declare dead-letter queue {dead_letter_queue:?}"), e))?;
+            close_quietly(&channel).await;
+        }
         Ok(transport)
     }
 
