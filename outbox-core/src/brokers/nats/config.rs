@@ -44,7 +44,8 @@ pub(super) fn connect_options() -> async_nats::ConnectOptions {
     })
 }
 
-/// Checks `url` is a `nats://` URL (or `tls://`/`ws://`/`wss://`, which async-nats also speaks) and connects.
+/// Checks `url` is a `nats://` URL (or `tls://`/`ws://`/`wss://`, which async-nats also speaks), with one
+/// host or a comma-separated list of a cluster's (`nats://a:4222,b:4222`), and connects.
 pub(super) async fn connect_client(url: &str, options: async_nats::ConnectOptions) -> Result<async_nats::Client> {
     let url = BrokerUrl::parse(url)?.expect(BrokerKind::Nats, "nats://host:4222")?;
     // async-nats logs the address it dials, password and all: credentials go in through the options.
@@ -54,7 +55,15 @@ pub(super) async fn connect_client(url: &str, options: async_nats::ConnectOption
         Some((token, None)) => options.token(token),
         None => options,
     };
-    options.connect(address).await.map_err(|e| Error::broker(BROKER, format!("connect to {url}"), e))
+    // A cluster is `nats://a:4222,b:4222,c:4222`: one server address each; the client picks one and moves
+    // to another when it is lost.
+    let (scheme, hosts) = address.split_once("://").unwrap_or(("nats", address.as_str()));
+    let servers = hosts
+        .split(',')
+        .map(|host| format!("{scheme}://{host}").parse::<async_nats::ServerAddr>())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::invalid_config("broker_url", format!("{url}: {e}")))?;
+    options.connect(servers).await.map_err(|e| Error::broker(BROKER, format!("connect to {url}"), e))
 }
 
 /// Why `subject` is not a valid NATS publish subject, if it is not.

@@ -32,7 +32,7 @@ fn publish_failure(event: &EventId, subject: &str, error: &jetstream::context::P
             .is_some_and(|e| e.error_code() == jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM);
     let text = match error.kind() {
         PublishErrorKind::StreamNotFound => format!(
-            "NATS JetStream: no stream captures subject {subject:?} (event {event}); create one, e.g. with NatsPublisher::ensure_stream"
+            "NATS JetStream: no stream answered for subject {subject:?} (event {event}): none captures it (create one, e.g. with NatsPublisher::ensure_stream), or its cluster is electing a leader"
         ),
         _ => format!("NATS JetStream publish of event {event} to {subject:?} failed: {error}"),
     };
