@@ -45,8 +45,10 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 impl Cluster {
     async fn start() -> Option<Cluster> {
         let turn = ONE_AT_A_TIME.lock().await;
-        let found =
-            Command::new("bash").args(["-c", "command -v nats-server || test -x /usr/sbin/nats-server"]).status();
+        let found = Command::new("bash")
+            .args(["-c", "command -v nats-server || test -x /usr/sbin/nats-server"])
+            .stdout(std::process::Stdio::null())
+            .status();
         if !found.is_ok_and(|s| s.success()) {
             assert!(!in_ci(), "CI=true but nats-server is not installed");
             eprintln!("skipping: nats-server is not installed");
