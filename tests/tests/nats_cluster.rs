@@ -2,7 +2,8 @@
 //! stops): a stream with three replicas, the publisher given the list of servers, and the stream's leader
 //! killed (SIGKILL) and restarted in the middle of the drain. Every event must be on the stream exactly once
 //! (the relay republishes what a lost PubAck left pending; the `Nats-Msg-Id` window drops the copies) and
-//! every row marked. Without a quorum (two of three nodes down) nothing is published and nothing is lost:
+//! every row marked. The consume driver with its inbox applies every event once through a leader kill.
+//! Without a quorum (two of three nodes down) nothing is published and nothing is lost:
 //! the rows stay pending until the nodes are back.
 //!
 //! Needs `nats-server` (Debian: `nats-server`); outside CI the tests skip with a reason without it.
@@ -15,9 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::count_published;
-use outbox_integration_tests::contract;
-use outbox_seaorm::brokers::nats::NatsPublisher;
+use outbox_integration_tests::contract::{self, Running};
 use outbox_seaorm::brokers::nats::async_nats::jetstream::{self, stream};
+use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport};
 use outbox_seaorm::{Backoff, Destination, RelayConfig, SeaOrmStore};
 
 /// Every node of the cluster, as a client sees them.
@@ -239,4 +240,40 @@ async fn without_a_quorum_nothing_is_published_and_nothing_is_lost() {
         assert!(Instant::now() < deadline, "{t}: the stream does not hold {QUORUM_EVENTS} messages");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_consumer_applies_every_event_once_through_a_leader_kill() {
+    const CONSUMER: &str = "cluster-billing";
+    let Some(_cluster) = Cluster::start().await else { return };
+    let t = contract::case_db("nats_cluster_consume").await;
+    let publisher = cluster_publisher().await;
+    let js = publisher.jetstream().clone();
+    replicated_stream(&js, "CONSUME", "cluster.>").await;
+    contract::enqueue(&t, &contract::counted_events(1000, EVENTS / 1000)).await;
+    contract::relay_until_published(&t, publisher, EVENTS).await;
+
+    let (consumer, _) = contract::counting_consumer(&t, CONSUMER, contract::fast_config(), |_, _| false);
+    let transport = NatsTransport::connect(SERVERS, "CONSUME", CONSUMER, None).await.expect("transport on the cluster");
+    let running = Running::start(consumer, transport);
+    contract::eventually(Duration::from_secs(120), "a quarter applied", async || {
+        running.stats().processed >= EVENTS / 4
+    })
+    .await;
+    let node = leader(&js, "CONSUME").await;
+    script(&["kill", &node.to_string()]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    script(&["start-node", &node.to_string()]);
+    eprintln!("{t}: killed and restarted the leader n{node} while consuming");
+    contract::eventually(Duration::from_secs(240), "every event applied", async || {
+        contract::effects(&t, CONSUMER).await.len() as u64 >= EVENTS
+    })
+    .await;
+    let stats = running.stop().await;
+    let mut effects = contract::effects(&t, CONSUMER).await;
+    let applied = effects.len();
+    effects.dedup();
+    assert_eq!((applied, effects.len()), (EVENTS as usize, EVENTS as usize), "{t}: each event applied once");
+    assert_eq!(stats.dead_lettered, 0, "{t}: {stats:?}");
+    eprintln!("{t}: {stats:?}");
 }

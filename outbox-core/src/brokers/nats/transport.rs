@@ -147,13 +147,13 @@ impl NatsTransport {
             .get_stream(stream)
             .await
             .map_err(|e| Error::broker(BROKER, format!("find stream {stream:?}"), e))?;
-        let source_subjects = source
+        let source_config = source
             .info()
             .await
             .map_err(|e| Error::broker(BROKER, format!("read stream {stream:?}"), e))?
             .config
-            .subjects
             .clone();
+        let source_subjects = source_config.subjects;
         if let Some(pattern) = source_subjects.iter().find(|p| subject_matches(p, &dead_subject)) {
             return Err(Error::invalid_config(
                 "dead_letter_subject",
@@ -206,7 +206,7 @@ impl NatsTransport {
                 "the durable consumer exists with its own ack_wait; keeping messages alive by it"
             );
         }
-        ensure_dead_letter_stream(&jetstream, &dead_stream, &dead_subject).await?;
+        ensure_dead_letter_stream(&jetstream, &dead_stream, &dead_subject, source_config.num_replicas).await?;
 
         let shared =
             Arc::new(Shared { client: jetstream.client(), held: HeldSet::default(), next_key: AtomicU64::new(0) });
@@ -364,13 +364,19 @@ impl NatsTransport {
     }
 }
 
-/// Creates the dead-letter stream with `subject` when missing, or adds `subject` to it.
-async fn ensure_dead_letter_stream(jetstream: &jetstream::Context, name: &str, subject: &str) -> Result<()> {
+/// Creates the dead-letter stream with `subject` when missing, with as many replicas as the consumed
+/// stream (on a cluster, dead letters are kept as safely as the messages), or adds `subject` to it.
+async fn ensure_dead_letter_stream(
+    jetstream: &jetstream::Context,
+    name: &str,
+    subject: &str,
+    replicas: usize,
+) -> Result<()> {
     let config = stream::Config {
         name: name.to_owned(),
         subjects: vec![subject.to_owned()],
         storage: stream::StorageType::File,
-        num_replicas: 1,
+        num_replicas: replicas.max(1),
         duplicate_window: DEFAULT_DUPLICATE_WINDOW,
         ..Default::default()
     };
