@@ -99,6 +99,7 @@ mod lock;
 #[cfg(feature = "migrations")]
 pub mod migration;
 pub mod notify;
+pub mod partition;
 mod sql;
 pub mod store;
 mod transaction;

@@ -11,7 +11,9 @@ use sea_orm_migration::prelude::*;
 use crate::error::{Result, store_error};
 
 mod operations;
+mod partitioned;
 pub use operations::{m20261218_000007_dead_index, m20261219_000008_relay_heartbeats};
+pub use partitioned::{m20261220_000009_partitioned_outbox, partitioned};
 
 /// The migrations of this crate, oldest first, for an application's own `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {

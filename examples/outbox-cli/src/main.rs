@@ -79,7 +79,7 @@ enum Command {
     /// Run the relay (relay tasks, cleanup, stats sampler) until SIGTERM or SIGINT.
     Relay(Box<relay::RelayArgs>),
     /// Apply the outbox migrations; safe when several replicas start at once.
-    Migrate,
+    Migrate(migrate::MigrateArgs),
     /// Print the backlog: pending, dead, oldest pending age, per aggregate type and event type.
     Stats(stats::StatsArgs),
     /// List, show, replay or discard dead events: outbox rows the relay gave up on (in the database).
@@ -165,7 +165,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let db = db::open(&cli.db, pool_size).await?;
     match cli.command {
         Command::Relay(args) => relay::run(db, *args).await?,
-        Command::Migrate => migrate::run(&db).await?,
+        Command::Migrate(args) => migrate::run(&db, args).await?,
         Command::Stats(args) => stats::run(&db, args).await?,
         Command::Dead(command) => dead::run(&db, command).await?,
         Command::DeadLetters(command) => dead_letters::run(*command).await?,

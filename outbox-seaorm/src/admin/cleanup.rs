@@ -87,8 +87,7 @@ pub async fn cleanup(
     let now_ms = Utc::now().timestamp_millis();
     let mut report = CleanupReport::default();
     let result = async {
-        let cutoff = cutoff_ms(now_ms, config.outbox_retention);
-        report.outbox_deleted = delete_in_batches(db, CleanupTable::Outbox, cutoff, config.batch_size, &mut progress)
+        report.outbox_deleted = clean_outbox(db, now_ms, config.outbox_retention, config.batch_size, &mut progress)
             .await
             .map_err(|e| store_error("delete published rows", "outbox_events", backend, e))?;
         if let Some(age) = config.delete_unpublished_after {
@@ -111,6 +110,33 @@ pub async fn cleanup(
     result?;
     released?;
     Ok(report)
+}
+
+/// Removes published rows older than `retention`: by dropping partitions on a partitioned outbox
+/// ([`crate::partition`]), by `DELETE`s of `batch` rows otherwise.
+pub(crate) async fn clean_outbox(
+    db: &DatabaseConnection,
+    now_ms: i64,
+    retention: Duration,
+    batch: u32,
+    progress: &mut (dyn FnMut(CleanupProgress) + Send),
+) -> std::result::Result<u64, DbErr> {
+    let now = chrono::DateTime::<Utc>::from_timestamp_millis(now_ms).unwrap_or_default();
+    match crate::partition::maintain(db, now, retention, batch).await? {
+        Some(report) => {
+            let mut total = 0;
+            let removed = report.dropped.iter().map(|(_, rows)| *rows).chain([report.deleted_from_default]);
+            for deleted in removed.filter(|&rows| rows > 0) {
+                total += deleted;
+                progress(CleanupProgress { table: CleanupTable::Outbox, deleted, total });
+            }
+            for (partition, why) in &report.kept {
+                tracing::debug!(%partition, %why, "an outbox partition past the retention was kept");
+            }
+            Ok(total)
+        }
+        None => delete_in_batches(db, CleanupTable::Outbox, cutoff_ms(now_ms, retention), batch, progress).await,
+    }
 }
 
 /// `now - retention` in epoch ms.

@@ -36,7 +36,7 @@ pub use stats::{GroupStats, Stats, StatsMode, stats, stats_in};
 
 pub use outbox_runtime::CleanupConfig;
 
-pub(crate) use cleanup::{cutoff_ms, delete_in_batches};
+pub(crate) use cleanup::{clean_outbox, cutoff_ms, delete_in_batches};
 #[cfg(feature = "dashboard")]
 pub(crate) use dead::{dead_rows, rfc3339};
 pub(crate) use relays::record as record_heartbeat;

@@ -213,8 +213,7 @@ impl MaintenanceStore for SeaOrmStore {
         if batch == 0 {
             return Err(Error::invalid_config("cleanup batch", "is 0; expected at least 1"));
         }
-        let cutoff = admin::cutoff_ms(now.timestamp_millis(), retention);
-        let deleted = admin::delete_in_batches(&self.db, CleanupTable::Outbox, cutoff, batch, &mut |_| {})
+        let deleted = admin::clean_outbox(&self.db, now.timestamp_millis(), retention, batch, &mut |_| {})
             .await
             .map_err(self.err("delete published rows"))?;
         let rearmed = rearm(&self.db, now).await.map_err(self.err("re-arm aggregate hints"))?;

@@ -7,6 +7,7 @@ pub mod dashboard;
 pub mod enqueue_tax;
 pub mod latency;
 pub mod nats;
+pub mod partitions;
 pub mod rss;
 pub mod telemetry;
 pub mod throughput;
@@ -25,7 +26,7 @@ use crate::report::Run;
 use crate::target::Target;
 
 /// Every scenario name, in run order.
-pub const ALL: [&str; 19] = [
+pub const ALL: [&str; 20] = [
     "aggregates",
     "backlog",
     "batch",
@@ -45,6 +46,7 @@ pub const ALL: [&str; 19] = [
     "consume",
     "telemetry",
     "dashboard",
+    "partitions",
 ];
 
 /// What every scenario needs to know about this invocation.
@@ -123,6 +125,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> Result<()> {
         "consume" => consume::run(ctx).await,
         "telemetry" => telemetry::run(ctx).await,
         "dashboard" => dashboard::run(ctx).await,
+        "partitions" => partitions::run(ctx).await,
         other => anyhow::bail!("unknown scenario {other:?}; expected one of {}", ALL.join(", ")),
     }
     .with_context(|| format!("scenario {name} on {}", ctx.target.label()))?;
