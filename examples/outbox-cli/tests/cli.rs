@@ -106,6 +106,26 @@ fn an_unmigrated_database_is_refused_until_migrate_runs() {
     let _ = std::fs::remove_file(&path);
 }
 
+async fn migrate_partitions_the_outbox_on_postgresql_and_refuses_elsewhere(t: TestDb) {
+    enqueue(&t, &[order("o1", "order.placed"), order("o1", "order.paid")]).await;
+    let output = run(&t, &["migrate", "--partition", "day"]);
+    if t.backend != DbBackend::Postgres {
+        assert!(!output.status.success() && text(&output).contains("needs PostgreSQL"), "{t}: {}", text(&output));
+        return;
+    }
+    assert!(output.status.success(), "{t}: {}", text(&output));
+    assert!(text(&output).contains("partitioned by creation time, one partition per day"), "{t}: {}", text(&output));
+    let again = run(&t, &["migrate", "--partition", "day"]);
+    assert!(text(&again).contains("partitioned already"), "{t}: {}", text(&again));
+    let stats = run(&t, &["stats"]);
+    assert!(text(&stats).contains("pending 2, dead 0"), "{t}: the rows were carried over: {}", text(&stats));
+    let cleanup = run(&t, &["cleanup", "--outbox-retention", "1d"]);
+    assert!(cleanup.status.success(), "{t}: {}", text(&cleanup));
+    let bad = run(&t, &["migrate", "--partition", "week"]);
+    assert!(!bad.status.success() && text(&bad).contains("expected `hour` or `day`"), "{t}: {}", text(&bad));
+}
+per_backend!(migrate_partitions_the_outbox_on_postgresql_and_refuses_elsewhere, "cli_partition");
+
 async fn stats_json_parses_and_counts_the_backlog(t: TestDb) {
     enqueue(&t, &[order("o1", "order.placed"), order("o1", "order.paid"), order("o2", "order.placed")]).await;
     let output = run(&t, &["stats", "--json"]);
