@@ -3,8 +3,9 @@
 //! killed (SIGKILL) and restarted in the middle of the drain. Every event must be on the stream exactly once
 //! (the relay republishes what a lost PubAck left pending; the `Nats-Msg-Id` window drops the copies) and
 //! every row marked. The consume driver with its inbox applies every event once through a leader kill.
-//! Without a quorum (two of three nodes down) nothing is published and nothing is lost:
-//! the rows stay pending until the nodes are back.
+//! With one follower down for the whole run the stream keeps its quorum and the relay its pace. Without a
+//! quorum (two of three nodes down) nothing is published and nothing is lost: the rows stay pending until
+//! the nodes are back. The drains print their longest pause without a publish (docs/brokers.md).
 //!
 //! Needs `nats-server` (Debian: `nats-server`); outside CI the tests skip with a reason without it.
 
@@ -118,34 +119,37 @@ async fn stream_messages(js: &jetstream::Context, name: &str) -> u64 {
     stream.info().await.expect("stream info").state.messages
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_relay_publishes_every_event_once_through_two_leader_kills() {
-    let Some(_cluster) = Cluster::start().await else { return };
-    let t = contract::case_db("nats_cluster_relay").await;
-    let publisher = cluster_publisher().await;
-    let js = publisher.jetstream().clone();
-    replicated_stream(&js, "CLUSTER", "cluster.>").await;
-    contract::enqueue(&t, &contract::counted_events(1000, EVENTS / 1000)).await;
-
-    // The relay drains in the background; while the stream has no leader (an election takes seconds) its
-    // publishes get no responder, the rows stay pending and are retried after their backoff. The backoff
-    // is shorter than the default (1 s doubling) but still spans the elections: with 50 ms capped at
-    // 500 ms, ten attempts fit in one election and 97 of 20,000 rows went dead.
-    let published = Arc::new(AtomicU64::new(0));
+/// Drains `t`'s outbox through `publisher` in the background, adding each pass's published count to
+/// `counter`, until it reaches [`EVENTS`]; returns the failed passes and the longest time without a
+/// publish (the pause a failure caused).
+///
+/// While the stream has no leader (an election takes seconds) its publishes get no responder, the rows
+/// stay pending and are retried after their backoff. The backoff is shorter than the default (1 s doubling)
+/// but still spans the elections: with 50 ms capped at 500 ms, ten attempts fit in one election and 97 of
+/// 20,000 rows went dead. What these tests check is that a cluster failure loses nothing; how many failed
+/// attempts a row may use before it is dead is a policy of its own: here it never runs out, however long a
+/// loaded machine takes to elect leaders.
+fn drain_in_background(
+    t: &outbox_integration_tests::TestDb,
+    publisher: NatsPublisher,
+    counter: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<(u32, Duration)> {
     let backoff = Backoff { initial: Duration::from_millis(200), max: Duration::from_secs(5), multiplier: 2 };
-    // What these tests check is that a cluster failure loses nothing; how many failed attempts a row may
-    // use before it is dead is a policy of its own (see the note on the backoff above): here it never runs
-    // out, however long a loaded machine takes to elect leaders.
     let config = RelayConfig::default().with_batch_size(500).with_backoff(backoff).with_max_attempts(1_000);
     let relay = outbox_seaorm::Relay::new(SeaOrmStore::new(t.db.clone()), publisher, config).expect("relay");
-    let (counter, label) = (published.clone(), t.to_string());
-    let draining = tokio::spawn(async move {
+    let label = t.to_string();
+    tokio::spawn(async move {
         let (mut failures, deadline) = (0u32, Instant::now() + Duration::from_secs(300));
+        let (mut last_publish, mut longest) = (Instant::now(), Duration::ZERO);
         while counter.load(Ordering::Relaxed) < EVENTS {
             assert!(Instant::now() < deadline, "{label}: relayed {counter:?} of {EVENTS} within 300 s");
             match relay.run_once().await {
                 Ok(pass) => {
                     counter.fetch_add(pass.published, Ordering::Relaxed);
+                    if pass.published > 0 {
+                        longest = longest.max(last_publish.elapsed());
+                        last_publish = Instant::now();
+                    }
                     if pass.claimed == 0 {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
@@ -156,8 +160,64 @@ async fn the_relay_publishes_every_event_once_through_two_leader_kills() {
                 }
             }
         }
-        failures
-    });
+        (failures, longest)
+    })
+}
+
+/// Waits until the leader of `name` holds exactly [`EVENTS`] messages (copies from lost PubAcks are
+/// dropped by the duplicate window), failing on more.
+async fn assert_exactly_every_event_on(js: &jetstream::Context, name: &str, t: &outbox_integration_tests::TestDb) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let messages = stream_messages(js, name).await;
+        if messages == EVENTS {
+            return;
+        }
+        assert!(messages <= EVENTS, "{t}: {messages} messages on the stream: duplicates were kept");
+        assert!(Instant::now() < deadline, "{t}: {messages} of {EVENTS} messages on the stream");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_publishes_every_event_once_with_a_follower_down_for_the_whole_run() {
+    let Some(_cluster) = Cluster::start().await else { return };
+    let t = contract::case_db("nats_cluster_follower").await;
+    let publisher = cluster_publisher().await;
+    let js = publisher.jetstream().clone();
+    replicated_stream(&js, "FOLLOWER", "cluster.>").await;
+    let leader = leader(&js, "FOLLOWER").await;
+    let follower = if leader == 3 { 2 } else { 3 };
+    script(&["kill", &follower.to_string()]);
+    contract::enqueue(&t, &contract::counted_events(1000, EVENTS / 1000)).await;
+
+    let started = Instant::now();
+    let published = Arc::new(AtomicU64::new(0));
+    let (failures, longest) = tokio::time::timeout(Duration::from_secs(300), drain_in_background(&t, publisher, published))
+        .await
+        .expect("the relay drains within 300 s")
+        .expect("the relay task");
+    eprintln!(
+        "{t}: follower n{follower} down: drained {EVENTS} in {:?}; {failures} relay passes failed; longest pause {longest:?}",
+        started.elapsed()
+    );
+    assert_eq!(count_published(&t).await, EVENTS, "{t}: every row marked published");
+    assert_eq!(common::count_unpublished(&t).await, 0, "{t}: no row dead or pending");
+    assert_exactly_every_event_on(&js, "FOLLOWER", &t).await;
+    script(&["start-node", &follower.to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_publishes_every_event_once_through_two_leader_kills() {
+    let Some(_cluster) = Cluster::start().await else { return };
+    let t = contract::case_db("nats_cluster_relay").await;
+    let publisher = cluster_publisher().await;
+    let js = publisher.jetstream().clone();
+    replicated_stream(&js, "CLUSTER", "cluster.>").await;
+    contract::enqueue(&t, &contract::counted_events(1000, EVENTS / 1000)).await;
+
+    let published = Arc::new(AtomicU64::new(0));
+    let draining = drain_in_background(&t, publisher, published.clone());
 
     // Twice: once a share of the events went out, kill the stream's leader, wait, start it again.
     for share in [EVENTS / 4, EVENTS / 2] {
@@ -171,26 +231,16 @@ async fn the_relay_publishes_every_event_once_through_two_leader_kills() {
         script(&["start-node", &node.to_string()]);
         eprintln!("{t}: killed and restarted the leader n{node} after {share} events");
     }
-    let failures = tokio::time::timeout(Duration::from_secs(300), draining)
+    let (failures, longest) = tokio::time::timeout(Duration::from_secs(300), draining)
         .await
         .expect("the relay drains within 300 s")
         .expect("the relay task");
-    eprintln!("{t}: drained; {failures} relay passes failed on the way");
+    eprintln!("{t}: drained; {failures} relay passes failed on the way; longest pause {longest:?}");
 
     assert_eq!(count_published(&t).await, EVENTS, "{t}: every row marked published");
     assert_eq!(common::count_unpublished(&t).await, 0, "{t}: no row dead or pending");
-    // Every node holds the stream again once the restarted one caught up; ask until the leader's count is
-    // the whole drain (copies from lost PubAcks are dropped by the duplicate window).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let messages = stream_messages(&js, "CLUSTER").await;
-        if messages == EVENTS {
-            break;
-        }
-        assert!(messages <= EVENTS, "{t}: {messages} messages on the stream: duplicates were kept");
-        assert!(Instant::now() < deadline, "{t}: {messages} of {EVENTS} messages on the stream");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // Every node holds the stream again once the restarted one caught up.
+    assert_exactly_every_event_on(&js, "CLUSTER", &t).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
