@@ -193,10 +193,11 @@ async fn the_relay_publishes_every_event_once_with_a_follower_down_for_the_whole
 
     let started = Instant::now();
     let published = Arc::new(AtomicU64::new(0));
-    let (failures, longest) = tokio::time::timeout(Duration::from_secs(300), drain_in_background(&t, publisher, published))
-        .await
-        .expect("the relay drains within 300 s")
-        .expect("the relay task");
+    let (failures, longest) =
+        tokio::time::timeout(Duration::from_secs(300), drain_in_background(&t, publisher, published))
+            .await
+            .expect("the relay drains within 300 s")
+            .expect("the relay task");
     eprintln!(
         "{t}: follower n{follower} down: drained {EVENTS} in {:?}; {failures} relay passes failed; longest pause {longest:?}",
         started.elapsed()

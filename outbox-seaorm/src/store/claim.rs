@@ -67,8 +67,25 @@ fn payload_columns(backend: DbBackend) -> &'static str {
     }
 }
 
-/// Claims up to `request.limit` events as runs inside `txn`.
-pub(super) async fn claim_runs(txn: &DatabaseTransaction, request: &ClaimRequest) -> Result<Claimed, DbErr> {
+/// A condition every unpublished row meets (its creation time lies between the oldest and the newest
+/// unpublished row's), added to the claim's statements on a partitioned outbox: PostgreSQL then skips, at
+/// run time, every partition that holds no unpublished row in that range, instead of probing each one for
+/// every key. Both ends are read in the statement's own snapshot (so no row the statement could see is
+/// ever left out) through `outbox_events_unpublished_created`, one probe per partition per statement.
+/// That index is on `created_at_ms + 0`, an expression the condition does not use: the planner cannot
+/// pick it to find the keyed rows, which statistics taken while nothing was pending would make it do
+/// (a range scan of every pending row for each statement: 416 events/s instead of 14,000).
+const PRUNE_PUBLISHED_PARTITIONS: &str = "created_at_ms BETWEEN (SELECT o.created_at_ms + 0 FROM outbox_events o \
+    WHERE o.published_at_ms IS NULL ORDER BY o.created_at_ms + 0 LIMIT 1) AND (SELECT o.created_at_ms + 0 \
+    FROM outbox_events o WHERE o.published_at_ms IS NULL ORDER BY o.created_at_ms + 0 DESC LIMIT 1)";
+
+/// Claims up to `request.limit` events as runs inside `txn`; `partitioned` says that `outbox_events` is
+/// partitioned (see [`PRUNE_PUBLISHED_PARTITIONS`]).
+pub(super) async fn claim_runs(
+    txn: &DatabaseTransaction,
+    request: &ClaimRequest,
+    partitioned: bool,
+) -> Result<Claimed, DbErr> {
     let now_ms = request.now.timestamp_millis();
     let limit = request.limit as usize;
     let mut claimed =
@@ -85,7 +102,7 @@ pub(super) async fn claim_runs(txn: &DatabaseTransaction, request: &ClaimRequest
             if exhausted {
                 break;
             }
-            let page = candidates(txn, request, after.as_ref(), limit).await?;
+            let page = candidates(txn, request, after.as_ref(), limit, partitioned).await?;
             exhausted = page.len() < limit;
             if let Some(last) = page.last() {
                 after = Some((last.due_at_ms, last.aggregate_type.clone(), last.aggregate_id.clone()));
@@ -119,7 +136,7 @@ pub(super) async fn claim_runs(txn: &DatabaseTransaction, request: &ClaimRequest
         if round.is_empty() {
             continue;
         }
-        take_runs(txn, now_ms, &round, request.dead_letters, &mut claimed).await?;
+        take_runs(txn, now_ms, &round, request.dead_letters, partitioned, &mut claimed).await?;
     }
     Ok(claimed)
 }
@@ -130,9 +147,10 @@ async fn candidates(
     request: &ClaimRequest,
     after: Option<&(i64, String, String)>,
     limit: usize,
+    partitioned: bool,
 ) -> Result<Vec<Candidate>, DbErr> {
     let mut sql = Sql::new(txn.get_database_backend());
-    write_candidates(&mut sql, request, after, limit);
+    write_candidates(&mut sql, request, after, limit, partitioned);
     let rows = txn.query_all_raw(sql.build()).await?;
     rows.iter()
         .map(|row| {
@@ -148,13 +166,22 @@ async fn candidates(
 }
 
 /// The statement of step 1, appended to `sql`.
-fn write_candidates(sql: &mut Sql, request: &ClaimRequest, after: Option<&(i64, String, String)>, limit: usize) {
+fn write_candidates(
+    sql: &mut Sql,
+    request: &ClaimRequest,
+    after: Option<&(i64, String, String)>,
+    limit: usize,
+    partitioned: bool,
+) {
     sql.push(
         "SELECT a.aggregate_type, a.aggregate_id, a.last_version, a.due_at_ms, \
          (SELECT e.aggregate_version FROM outbox_events e \
          WHERE e.aggregate_type = a.aggregate_type AND e.aggregate_id = a.aggregate_id \
          AND e.published_at_ms IS NULL",
     );
+    if partitioned {
+        sql.push(" AND e.").push(PRUNE_PUBLISHED_PARTITIONS);
+    }
     if request.dead_letters == DeadLetterPolicy::SkipDead {
         sql.push(" AND e.dead_at_ms IS NULL");
     }
@@ -192,7 +219,12 @@ enum Keys<'r> {
 
 /// Fetches unpublished rows by `keys`, in chunks. With `lock`, only rows claimable at that time and not
 /// locked by another relay, each now locked (`FOR UPDATE SKIP LOCKED`; SQLite relies on `BEGIN IMMEDIATE`).
-async fn fetch(txn: &DatabaseTransaction, keys: Keys<'_>, lock: Option<i64>) -> Result<Vec<QueryResult>, DbErr> {
+async fn fetch(
+    txn: &DatabaseTransaction,
+    keys: Keys<'_>,
+    lock: Option<i64>,
+    partitioned: bool,
+) -> Result<Vec<QueryResult>, DbErr> {
     let backend = txn.get_database_backend();
     let chunks: Vec<Keys<'_>> = match keys {
         Keys::Versions(v) => v.chunks(KEYS_PER_STATEMENT).map(|c| Keys::Versions(c.to_vec())).collect(),
@@ -201,18 +233,21 @@ async fn fetch(txn: &DatabaseTransaction, keys: Keys<'_>, lock: Option<i64>) -> 
     let mut rows = Vec::new();
     for chunk in chunks {
         let mut sql = Sql::new(backend);
-        write_fetch(&mut sql, &chunk, lock);
+        write_fetch(&mut sql, &chunk, lock, partitioned);
         rows.extend(txn.query_all_raw(sql.build()).await?);
     }
     Ok(rows)
 }
 
 /// The statement of [`fetch`] for one chunk of keys, appended to `sql`.
-fn write_fetch(sql: &mut Sql, chunk: &Keys<'_>, lock: Option<i64>) {
+fn write_fetch(sql: &mut Sql, chunk: &Keys<'_>, lock: Option<i64>, partitioned: bool) {
     let backend = sql.backend();
     let select = format!("{CLAIM_COLUMNS}, {}", payload_columns(backend));
     let filter = |sql: &mut Sql| {
         sql.push("published_at_ms IS NULL");
+        if partitioned {
+            sql.push(" AND ").push(PRUNE_PUBLISHED_PARTITIONS);
+        }
         if let Some(now_ms) = lock {
             sql.push(" AND dead_at_ms IS NULL AND next_attempt_at_ms <= ")
                 .bind(now_ms)
@@ -264,22 +299,26 @@ pub struct ClaimPlan {
 
 /// The plans of the claim's statements as a relay would run them now, inside `txn` (nothing is executed
 /// but the candidates query that finds real keys for the heads' plan).
-pub(super) async fn explain(txn: &DatabaseTransaction, request: &ClaimRequest) -> Result<Vec<ClaimPlan>, DbErr> {
+pub(super) async fn explain(
+    txn: &DatabaseTransaction,
+    request: &ClaimRequest,
+    partitioned: bool,
+) -> Result<Vec<ClaimPlan>, DbErr> {
     let backend = txn.get_database_backend();
     let limit = request.limit as usize;
     let mut plans = Vec::new();
     let mut sql = Sql::new(backend);
     sql.push(explain_prefix(backend));
-    write_candidates(&mut sql, request, None, limit);
+    write_candidates(&mut sql, request, None, limit, partitioned);
     plans.push(ClaimPlan { statement: "candidates", plan: plan_lines(txn, sql).await? });
 
-    let found = candidates(txn, request, None, limit).await?;
+    let found = candidates(txn, request, None, limit, partitioned).await?;
     let heads: Vec<(&Candidate, i64)> = found.iter().filter_map(|c| c.head.map(|head| (c, head))).collect();
     if !heads.is_empty() {
         let keys = Keys::Versions(heads.into_iter().take(KEYS_PER_STATEMENT).collect());
         let mut sql = Sql::new(backend);
         sql.push(explain_prefix(backend));
-        write_fetch(&mut sql, &keys, Some(request.now.timestamp_millis()));
+        write_fetch(&mut sql, &keys, Some(request.now.timestamp_millis()), partitioned);
         plans.push(ClaimPlan { statement: "heads", plan: plan_lines(txn, sql).await? });
     }
     Ok(plans)
@@ -329,6 +368,7 @@ async fn take_runs(
     now_ms: i64,
     round: &[(Candidate, i64, i64)],
     dead_letters: DeadLetterPolicy,
+    partitioned: bool,
     claimed: &mut Claimed,
 ) -> Result<(), DbErr> {
     let backend = txn.get_database_backend();
@@ -344,7 +384,7 @@ async fn take_runs(
         DbBackend::MySql => {
             // A plain read finds the rows' primary keys; the locks are then taken by primary key.
             let mut seq_of: HashMap<(String, String, i64), i64> = HashMap::new();
-            for row in fetch(txn, Keys::Versions(all_versions(round)), None).await? {
+            for row in fetch(txn, Keys::Versions(all_versions(round)), None, partitioned).await? {
                 let key = (
                     row.try_get("", "aggregate_type")?,
                     row.try_get("", "aggregate_id")?,
@@ -357,18 +397,18 @@ async fn take_runs(
                     .filter_map(|(c, v)| seq_of.get(&(c.aggregate_type.clone(), c.aggregate_id.clone(), v)).copied())
                     .collect()
             };
-            let mut rows = fetch(txn, Keys::Seqs(seqs(heads)), Some(now_ms)).await?;
+            let mut rows = fetch(txn, Keys::Seqs(seqs(heads)), Some(now_ms), partitioned).await?;
             let held = aggregates_of(&rows)?;
-            rows.extend(fetch(txn, Keys::Seqs(seqs(rests(&held))), Some(now_ms)).await?);
+            rows.extend(fetch(txn, Keys::Seqs(seqs(rests(&held))), Some(now_ms), partitioned).await?);
             rows
         }
         DbBackend::Postgres => {
-            let mut rows = fetch(txn, Keys::Versions(heads), Some(now_ms)).await?;
+            let mut rows = fetch(txn, Keys::Versions(heads), Some(now_ms), partitioned).await?;
             let held = aggregates_of(&rows)?;
-            rows.extend(fetch(txn, Keys::Versions(rests(&held)), Some(now_ms)).await?);
+            rows.extend(fetch(txn, Keys::Versions(rests(&held)), Some(now_ms), partitioned).await?);
             rows
         }
-        _ => fetch(txn, Keys::Versions(all_versions(round)), Some(now_ms)).await?,
+        _ => fetch(txn, Keys::Versions(all_versions(round)), Some(now_ms), partitioned).await?,
     };
 
     let mut by_aggregate: HashMap<(String, String), Vec<(i64, &QueryResult)>> = HashMap::new();

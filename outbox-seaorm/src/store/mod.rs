@@ -49,13 +49,33 @@ const FAILURES_PER_UPDATE: usize = 1000;
 #[derive(Clone, Debug)]
 pub struct SeaOrmStore {
     db: DatabaseConnection,
+    /// Whether `outbox_events` is partitioned, read once (see [`crate::partition`]).
+    partitioned: std::sync::Arc<tokio::sync::OnceCell<bool>>,
 }
 
 impl SeaOrmStore {
     /// A store over `db`; run [`migrate`](crate::migrate) (or add [`migrations`](crate::migrations) to your
     /// `Migrator`) first.
     pub fn new(db: DatabaseConnection) -> Self {
-        SeaOrmStore { db }
+        SeaOrmStore { db, partitioned: Default::default() }
+    }
+
+    /// Whether `outbox_events` is partitioned, read from the catalog at the first claim. A failed read
+    /// counts as "not partitioned" (the claim is then only slower) and is tried again next time.
+    async fn partitioned(&self) -> bool {
+        if self.db.get_database_backend() != DbBackend::Postgres {
+            return false;
+        }
+        let read = self.partitioned.get_or_try_init(|| async {
+            crate::partition::partitioning(&self.db).await.map(|interval| interval.is_some())
+        });
+        match read.await {
+            Ok(partitioned) => *partitioned,
+            Err(error) => {
+                tracing::debug!(%error, "could not read whether outbox_events is partitioned");
+                false
+            }
+        }
     }
 
     /// The connection pool.
@@ -85,7 +105,8 @@ impl SeaOrmStore {
     pub async fn claim_plans(&self, limit: u32, dead_letters: DeadLetterPolicy) -> Result<Vec<ClaimPlan>> {
         let txn = self.db.begin().await.map_err(self.err("begin explaining the claim"))?;
         let request = ClaimRequest { now: chrono::Utc::now(), limit, mode: ClaimMode::Transaction, dead_letters };
-        let plans = claim::explain(&txn, &request).await.map_err(self.err("explain the claim"))?;
+        let plans =
+            claim::explain(&txn, &request, self.partitioned().await).await.map_err(self.err("explain the claim"))?;
         txn.rollback().await.map_err(self.err("end explaining the claim"))?;
         Ok(plans)
     }
@@ -126,6 +147,9 @@ pub struct SeaOrmBatch {
     last_versions: std::collections::HashMap<(String, String), (i64, i64)>,
     dead_letters: DeadLetterPolicy,
     hold: Hold,
+    /// On a partitioned outbox, the creation times the batch's rows span: the statements that write them
+    /// by `seq` say so, and PostgreSQL looks for them in those partitions only.
+    created: Option<(i64, i64)>,
 }
 
 enum Hold {
@@ -147,9 +171,10 @@ impl OutboxStore for SeaOrmStore {
     type Batch = SeaOrmBatch;
 
     async fn claim(&self, request: ClaimRequest) -> Result<SeaOrmBatch> {
+        let partitioned = self.partitioned().await;
         let txn = self.begin().await?;
         let Claimed { events, undecodable, hints, last_versions } =
-            claim::claim_runs(&txn, &request).await.map_err(self.err("claim a batch"))?;
+            claim::claim_runs(&txn, &request, partitioned).await.map_err(self.err("claim a batch"))?;
         let dead_letters = request.dead_letters;
         let dead_on_claim =
             set_aside(&txn, &undecodable, request.now).await.map_err(self.err("mark undecodable rows dead"))?;
@@ -167,8 +192,10 @@ impl OutboxStore for SeaOrmStore {
                 last_versions,
                 dead_letters,
                 hold: Hold::Nothing,
+                created: None,
             });
         }
+        let created = partitioned.then(|| created_range(&events));
         let hold = match request.mode {
             // A caller that did not go through `Relay::new` (which resolves `Auto`).
             ClaimMode::Transaction | ClaimMode::Auto => Hold::Transaction(txn),
@@ -183,13 +210,14 @@ impl OutboxStore for SeaOrmStore {
                     .value(Column::LeaseToken, token.clone())
                     .value(Column::LeaseUntilMs, until_ms)
                     .and_where(Expr::col(Column::Seq).is_in(heads.iter().copied()));
+                within(&mut lease, created);
                 txn.execute(&lease).await.map_err(self.err("lease a batch"))?;
                 txn.commit().await.map_err(self.err("commit a lease"))?;
                 Hold::Lease { db: self.db.clone(), token, heads }
             }
         };
         tracing::debug!(claimed = events.len(), "outbox batch claimed");
-        Ok(SeaOrmBatch { events, dead_on_claim, hints, last_versions, dead_letters, hold })
+        Ok(SeaOrmBatch { events, dead_on_claim, hints, last_versions, dead_letters, hold, created })
     }
 
     fn claims_block_writers(&self) -> bool {
@@ -304,11 +332,26 @@ pub(crate) async fn begin_writing(db: &DatabaseConnection) -> std::result::Resul
 
 /// `UPDATE … WHERE seq IN (…)` that also ends the rows' lease, if any. In lease mode the caller has checked
 /// that it still holds their runs ([`lock_held_heads`]).
-fn settle(seqs: Vec<i64>) -> UpdateStatement {
+fn settle(seqs: Vec<i64>, created: Option<(i64, i64)>) -> UpdateStatement {
     let mut update = Query::update();
     update.table(Entity).and_where(Expr::col(Column::Seq).is_in(seqs));
+    within(&mut update, created);
     update.value(Column::LeaseToken, Option::<String>::None).value(Column::LeaseUntilMs, Option::<i64>::None);
     update
+}
+
+/// The first and last creation time of `events` (not empty).
+fn created_range(events: &[OutboxEvent]) -> (i64, i64) {
+    let times = events.iter().map(|e| e.created_at.timestamp_millis());
+    (times.clone().min().unwrap_or(i64::MIN), times.max().unwrap_or(i64::MAX))
+}
+
+/// Adds `created_at_ms BETWEEN first AND last` to a statement by `seq` on a partitioned outbox: true of
+/// every row it targets, and what lets PostgreSQL skip the other partitions.
+fn within<T: sea_orm::sea_query::ConditionalStatement>(statement: &mut T, created: Option<(i64, i64)>) {
+    if let Some((first, last)) = created {
+        statement.and_where(Expr::col(Column::CreatedAtMs).between(first, last));
+    }
 }
 
 /// Locks the heads in `heads` that still carry `token` (`FOR UPDATE`; SQLite's `BEGIN IMMEDIATE` holds the
@@ -318,6 +361,7 @@ async fn lock_held_heads(
     txn: &DatabaseTransaction,
     heads: Vec<i64>,
     token: &str,
+    created: Option<(i64, i64)>,
 ) -> std::result::Result<std::collections::HashSet<i64>, DbErr> {
     let mut select = Query::select();
     select
@@ -325,6 +369,7 @@ async fn lock_held_heads(
         .from(Entity)
         .and_where(Expr::col(Column::Seq).is_in(heads))
         .and_where(Expr::col(Column::LeaseToken).eq(token));
+    within(&mut select, created);
     if txn.get_database_backend() != DbBackend::Sqlite {
         select.lock(sea_orm::sea_query::LockType::Update);
     }
@@ -365,12 +410,16 @@ fn truncate(message: &str) -> String {
     outbox_runtime::__support::truncate(message, MAX_ERROR_BYTES + '…'.len_utf8())
 }
 
-async fn mark<C: ConnectionTrait>(conn: &C, outcome: BatchOutcome) -> std::result::Result<MarkReport, DbErr> {
+async fn mark<C: ConnectionTrait>(
+    conn: &C,
+    outcome: BatchOutcome,
+    created: Option<(i64, i64)>,
+) -> std::result::Result<MarkReport, DbErr> {
     let now_ms = outcome.now.timestamp_millis();
     let mut report = MarkReport::default();
     let expected = (outcome.published.len() + outcome.failed.len()) as u64;
     if !outcome.published.is_empty() {
-        let mut update = settle(outcome.published);
+        let mut update = settle(outcome.published, created);
         update.value(Column::PublishedAtMs, now_ms);
         report.published = conn.execute(&update).await?.rows_affected();
     }
@@ -387,7 +436,7 @@ async fn mark<C: ConnectionTrait>(conn: &C, outcome: BatchOutcome) -> std::resul
                 error = error.case(this(), Expr::val(truncate(&failure.error)));
                 next = next.case(this(), Expr::val(failure.next_attempt_at.timestamp_millis()));
             }
-            let mut update = settle(group.iter().map(|f| f.seq).collect());
+            let mut update = settle(group.iter().map(|f| f.seq).collect(), created);
             update
                 .value(Column::Attempts, Expr::col(Column::Attempts).add(1))
                 .value(Column::LastError, error)
@@ -462,7 +511,7 @@ impl ClaimedBatch for SeaOrmBatch {
                 let backend = txn.get_database_backend();
                 let error = |operation| move |e| store_error(operation, TABLE, backend, e);
                 // Released rows hold only this transaction's row locks, which the commit lets go.
-                let report = mark(&txn, outcome).await.map_err(error("mark a batch"))?;
+                let report = mark(&txn, outcome, self.created).await.map_err(error("mark a batch"))?;
                 hints::write_hints(&txn, hints).await.map_err(error("update aggregate hints"))?;
                 txn.commit().await.map_err(error("commit a batch"))?;
                 Ok(report)
@@ -471,14 +520,15 @@ impl ClaimedBatch for SeaOrmBatch {
                 let backend = db.get_database_backend();
                 let error = |operation| move |e| store_error(operation, TABLE, backend, e);
                 let txn = begin_writing(&db).await.map_err(error("begin a mark"))?;
-                let held = lock_held_heads(&txn, heads, &token).await.map_err(error("lock leased heads"))?;
+                let held =
+                    lock_held_heads(&txn, heads, &token, self.created).await.map_err(error("lock leased heads"))?;
                 let (mut outcome, fenced) = keep_held(&self.events, &held, outcome);
                 let released = std::mem::take(&mut outcome.released);
-                let mut report = mark(&txn, outcome).await.map_err(error("mark a leased batch"))?;
+                let mut report = mark(&txn, outcome, self.created).await.map_err(error("mark a leased batch"))?;
                 report.fenced += fenced;
                 if !released.is_empty() {
                     // Free the rest of a stopped run now rather than at lease expiry.
-                    txn.execute(&settle(released)).await.map_err(error("release leased rows"))?;
+                    txn.execute(&settle(released, self.created)).await.map_err(error("release leased rows"))?;
                 }
                 if report.fenced > 0 {
                     tracing::warn!(

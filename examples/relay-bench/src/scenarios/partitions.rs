@@ -40,6 +40,7 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
             "cleanup took, s",
             "relay during the cleanup, events/s",
             "a writer's commit during the cleanup, p50 / max ms",
+            "relay after the cleanup, events/s",
         ],
     );
     for partitioned in [false, true] {
@@ -78,6 +79,8 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
         let (removed, took) = cleanup.await.context("cleanup task")??;
         stop.store(true, Ordering::Relaxed);
         let mut commits = writer.await.context("writer task")??;
+        fill_ours(&db, shape, "c").await?;
+        let after = drain_ours(ctx, &config(1000), 1, NullPublisher, shape.events as u64).await?;
         if removed != per_day as u64 {
             bail!("the cleanup removed {removed} rows; expected the oldest day's {per_day}");
         }
@@ -85,10 +88,15 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
         table.row(vec![
             if partitioned { "partitioned by day" } else { "one table" }.to_owned(),
             fmt(alone.rate()),
-            if partitioned { "1 partition dropped" } else { "1000 DELETEs of 1000 rows" }.to_owned(),
+            if partitioned {
+                "1 partition dropped".to_owned()
+            } else {
+                format!("{} DELETEs of 1000 rows", per_day / 1000)
+            },
             format!("{:.2}", took.as_secs_f64()),
             fmt(during.rate()),
             format!("{} / {}", fmt(quantile(&commits, 0.5)), fmt(commits.last().copied().unwrap_or(0.0))),
+            fmt(after.rate()),
         ]);
         db.close().await.context("close")?;
     }
