@@ -8,8 +8,12 @@
 //! own `Migrator`, `migration::partitioned`) after [`migrate`](crate::migrate).
 //!
 //! What changes, and what does not:
-//! - The relay's claim and mark are the same statements; they read every partition (a partition whose
-//!   rows are all published has an empty `outbox_events_runs` index, so it costs one index probe).
+//! - The relay's claim and mark behave as on one table. Each claim statement also says that the rows it
+//!   wants were created between the oldest and the newest unpublished row (read in its own snapshot, so
+//!   it is true of every row it could see), and each write by `seq` names its batch's creation times:
+//!   PostgreSQL then skips the partitions with nothing unpublished instead of probing each one per key.
+//!   The two ends come from one more index, `outbox_events_unpublished_created`, one probe per partition
+//!   per statement.
 //! - A partitioned table's unique indexes must hold the partition key, so the primary key becomes
 //!   `(seq, created_at_ms)`, and `event_id` and `(aggregate_type, aggregate_id, aggregate_version)` are
 //!   indexed but no longer unique: `seq` comes from its sequence, versions from `outbox_aggregates`'s row

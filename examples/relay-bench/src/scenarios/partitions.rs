@@ -28,11 +28,13 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
     let per_day = ctx.size(1_000_000, 20_000) as i64;
     let shape = Shape { events: ctx.size(100_000, 10_000), aggregates: 10_000 };
     let mut table = Table::new(
-        ctx.title(&format!(
-            "partitions: {} published rows over {DAYS} days retained, {} pending over 10,000 aggregates, batch 1000",
+        format!(
+            "partitions: {} published rows over {DAYS} days retained, {} pending over 10,000 aggregates, batch 1000 \
+             ({}, 1 round)",
             per_day * DAYS,
-            shape.events
-        )),
+            shape.events,
+            ctx.target.label()
+        ),
         &[
             "outbox",
             "relay alone, events/s",
