@@ -285,6 +285,27 @@ async fn the_relay_publishes_and_stops_cleanly_on_sigterm(t: TestDb) {
 }
 per_backend!(the_relay_publishes_and_stops_cleanly_on_sigterm, "cli_relay_sigterm");
 
+async fn the_relay_takes_a_list_of_nats_servers_and_skips_one_that_is_down(t: TestDb) {
+    if t.backend != DbBackend::Sqlite {
+        return; // the broker is what this is about
+    }
+    enqueue(&t, &[order("o1", "order.placed"), order("o2", "order.placed")]).await;
+    let name = format!("clilist_{}", outbox_integration_tests::run_suffix());
+    let (destination, subjects) = (format!("{name}.{{aggregate_type}}"), format!("{name}.>"));
+    // The first server of the list answers nothing; the client moves on to the second.
+    let broker = "nats://127.0.0.1:1,127.0.0.1:4222";
+    let more = ["--nats-stream", name.as_str(), "--nats-subjects", subjects.as_str()];
+    let relay = spawn_relay_with(&t, broker, &destination, &more);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while published(&t).await < 2 {
+        assert!(Instant::now() < deadline, "{t}: the relay published nothing through {broker} (is NATS on 4222?)");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let output = relay.terminate();
+    assert!(output.status.success(), "{t}: {:?}: {}", output.status, text(&output));
+}
+per_backend!(the_relay_takes_a_list_of_nats_servers_and_skips_one_that_is_down, "cli_nats_list");
+
 async fn a_broker_down_at_start_is_retried_not_fatal(t: TestDb) {
     if t.backend != DbBackend::Sqlite {
         return;
