@@ -222,16 +222,22 @@ fn write_candidates(
 /// stack bounds.
 const KEYS_PER_STATEMENT: usize = 250;
 
+/// Most primary keys in one `seq IN (…)` list (MySQL's locking reads).
+const SEQS_PER_STATEMENT: usize = 1000;
+
 /// Which rows to fetch.
 enum Keys<'r> {
     /// `(aggregate_type, aggregate_id, aggregate_version)` triples: point lookups in the unique index.
     Versions(Vec<(&'r Candidate, i64)>),
+    /// Versions `from ..= to` of each aggregate: one range of the unique index per run, however long.
+    Runs(Vec<(&'r Candidate, i64, i64)>),
     /// Primary keys (MySQL locks by primary key only).
     Seqs(Vec<i64>),
 }
 
 /// Fetches unpublished rows by `keys`, in chunks. With `lock`, only rows claimable at that time and not
-/// locked by another relay, each now locked (`FOR UPDATE SKIP LOCKED`; SQLite relies on `BEGIN IMMEDIATE`).
+/// locked by another relay, each now locked (`FOR UPDATE SKIP LOCKED`; SQLite relies on `BEGIN IMMEDIATE`),
+/// with every column the claim decodes; without, only their keys (MySQL's plain read before it locks).
 async fn fetch(
     txn: &DatabaseTransaction,
     keys: Keys<'_>,
@@ -241,7 +247,8 @@ async fn fetch(
     let backend = txn.get_database_backend();
     let chunks: Vec<Keys<'_>> = match keys {
         Keys::Versions(v) => v.chunks(KEYS_PER_STATEMENT).map(|c| Keys::Versions(c.to_vec())).collect(),
-        Keys::Seqs(s) => s.chunks(KEYS_PER_STATEMENT).map(|c| Keys::Seqs(c.to_vec())).collect(),
+        Keys::Runs(r) => r.chunks(KEYS_PER_STATEMENT).map(|c| Keys::Runs(c.to_vec())).collect(),
+        Keys::Seqs(s) => s.chunks(SEQS_PER_STATEMENT).map(|c| Keys::Seqs(c.to_vec())).collect(),
     };
     let mut rows = Vec::new();
     for chunk in chunks {
@@ -255,7 +262,10 @@ async fn fetch(
 /// The statement of [`fetch`] for one chunk of keys, appended to `sql`.
 fn write_fetch(sql: &mut Sql, chunk: &Keys<'_>, lock: Option<i64>, partitioned: bool) {
     let backend = sql.backend();
-    let select = format!("{CLAIM_COLUMNS}, {}", payload_columns(backend));
+    let select = match lock {
+        Some(_) => format!("{CLAIM_COLUMNS}, {}", payload_columns(backend)),
+        None => "seq, aggregate_type, aggregate_id, aggregate_version".to_owned(),
+    };
     let filter = |sql: &mut Sql| {
         sql.push("published_at_ms IS NULL");
         if partitioned {
@@ -285,6 +295,7 @@ fn write_fetch(sql: &mut Sql, chunk: &Keys<'_>, lock: Option<i64>, partitioned: 
             },
             filter,
         ),
+        Keys::Runs(runs) => write_runs(sql, &select, runs, filter, suffix),
         Keys::Seqs(seqs) => {
             // Point lookups by primary key lock only the claimed rows; through a secondary index MariaDB
             // would take next-key (gap) locks that make every enqueue wait for the claim.
@@ -292,6 +303,57 @@ fn write_fetch(sql: &mut Sql, chunk: &Keys<'_>, lock: Option<i64>, partitioned: 
             sql.push("SELECT ").push(&select).push(" FROM outbox_events").push(hint).push(" WHERE seq IN (");
             sql.join(seqs, ", ", |sql, seq| {
                 sql.bind(*seq);
+            });
+            sql.push(") AND ");
+            filter(sql);
+            sql.push(suffix);
+        }
+    }
+}
+
+/// `SELECT {select}` of versions `from ..= to` of each run's aggregate `AND {filter} {suffix}`: one range
+/// of `outbox_events_version` per run (a `LATERAL` join of the runs on PostgreSQL, which locks per run; a
+/// `CROSS JOIN` on SQLite, which keeps the runs as the outer loop; `OR`ed ranges on MySQL).
+fn write_runs(
+    sql: &mut Sql,
+    select: &str,
+    runs: &[(&Candidate, i64, i64)],
+    filter: impl FnOnce(&mut Sql),
+    suffix: &str,
+) {
+    let tuple = |sql: &mut Sql| {
+        sql.join(runs, ", ", |sql, (c, from, to)| {
+            sql.push("(").bind(c.aggregate_type.as_str()).push(", ").bind(c.aggregate_id.as_str());
+            sql.push(", ").bind(*from).push(", ").bind(*to).push(")");
+        });
+    };
+    match sql.backend() {
+        DbBackend::Postgres => {
+            sql.push("SELECT x.* FROM (VALUES ");
+            tuple(sql);
+            sql.push(") AS k (t, i, f, l) CROSS JOIN LATERAL (SELECT ").push(select).push(
+                " FROM outbox_events WHERE aggregate_type = k.t AND aggregate_id = k.i \
+                 AND aggregate_version BETWEEN k.f AND k.l AND ",
+            );
+            filter(sql);
+            sql.push(suffix).push(") x");
+        }
+        DbBackend::Sqlite => {
+            sql.push("SELECT ").push(select).push(" FROM (VALUES ");
+            tuple(sql);
+            sql.push(
+                ") AS k CROSS JOIN outbox_events ON aggregate_type = k.column1 AND aggregate_id = k.column2 \
+                 AND aggregate_version BETWEEN k.column3 AND k.column4 WHERE ",
+            );
+            filter(sql);
+            sql.push(suffix);
+        }
+        _ => {
+            sql.push("SELECT ").push(select).push(" FROM ").push(MYSQL_VERSION_INDEX).push(" WHERE (");
+            sql.join(runs, " OR ", |sql, (c, from, to)| {
+                sql.push("(aggregate_type = ").bind(c.aggregate_type.as_str());
+                sql.push(" AND aggregate_id = ").bind(c.aggregate_id.as_str());
+                sql.push(" AND aggregate_version BETWEEN ").bind(*from).push(" AND ").bind(*to).push(")");
             });
             sql.push(") AND ");
             filter(sql);
@@ -369,11 +431,6 @@ async fn plan_lines(txn: &DatabaseTransaction, sql: Sql) -> Result<Vec<String>, 
         .collect()
 }
 
-/// Every version of every run in `round`, heads first per aggregate.
-fn all_versions(round: &[(Candidate, i64, i64)]) -> Vec<(&Candidate, i64)> {
-    round.iter().flat_map(|(c, head, to)| (*head..=*to).map(move |v| (c, v))).collect()
-}
-
 /// Steps 2 and 3 for one round of candidates: lock the heads, then the rest of each run whose head this
 /// relay now holds (never rows behind a head another relay holds), and keep the valid runs.
 async fn take_runs(
@@ -385,19 +442,20 @@ async fn take_runs(
     claimed: &mut Claimed,
 ) -> Result<(), DbErr> {
     let backend = txn.get_database_backend();
-    let heads: Vec<(&Candidate, i64)> = round.iter().map(|(c, head, _)| (c, *head)).collect();
-    let rests = |held: &HashSet<(String, String)>| -> Vec<(&Candidate, i64)> {
+    let runs = || -> Vec<(&Candidate, i64, i64)> { round.iter().map(|(c, head, to)| (c, *head, *to)).collect() };
+    // The rest of each run whose head this relay holds.
+    let rests = |held: &HashSet<(String, String)>| -> Vec<(&Candidate, i64, i64)> {
         round
             .iter()
-            .filter(|(c, _, _)| held.contains(&(c.aggregate_type.clone(), c.aggregate_id.clone())))
-            .flat_map(|(c, head, to)| (*head + 1..=*to).map(move |v| (c, v)))
+            .filter(|(c, head, to)| to > head && held.contains(&(c.aggregate_type.clone(), c.aggregate_id.clone())))
+            .map(|(c, head, to)| (c, *head + 1, *to))
             .collect()
     };
     let rows: Vec<QueryResult> = match backend {
         DbBackend::MySql => {
             // A plain read finds the rows' primary keys; the locks are then taken by primary key.
             let mut seq_of: HashMap<(String, String, i64), i64> = HashMap::new();
-            for row in fetch(txn, Keys::Versions(all_versions(round)), None, partitioned).await? {
+            for row in fetch(txn, Keys::Runs(runs()), None, partitioned).await? {
                 let key = (
                     row.try_get("", "aggregate_type")?,
                     row.try_get("", "aggregate_id")?,
@@ -405,23 +463,26 @@ async fn take_runs(
                 );
                 seq_of.insert(key, row.try_get("", "seq")?);
             }
-            let seqs = |keys: Vec<(&Candidate, i64)>| -> Vec<i64> {
-                keys.into_iter()
+            let seqs = |runs: Vec<(&Candidate, i64, i64)>| -> Vec<i64> {
+                runs.into_iter()
+                    .flat_map(|(c, from, to)| (from..=to).map(move |v| (c, v)))
                     .filter_map(|(c, v)| seq_of.get(&(c.aggregate_type.clone(), c.aggregate_id.clone(), v)).copied())
                     .collect()
             };
+            let heads = round.iter().map(|(c, head, _)| (c, *head, *head)).collect();
             let mut rows = fetch(txn, Keys::Seqs(seqs(heads)), Some(now_ms), partitioned).await?;
             let held = aggregates_of(&rows)?;
             rows.extend(fetch(txn, Keys::Seqs(seqs(rests(&held))), Some(now_ms), partitioned).await?);
             rows
         }
         DbBackend::Postgres => {
+            let heads = round.iter().map(|(c, head, _)| (c, *head)).collect();
             let mut rows = fetch(txn, Keys::Versions(heads), Some(now_ms), partitioned).await?;
             let held = aggregates_of(&rows)?;
-            rows.extend(fetch(txn, Keys::Versions(rests(&held)), Some(now_ms), partitioned).await?);
+            rows.extend(fetch(txn, Keys::Runs(rests(&held)), Some(now_ms), partitioned).await?);
             rows
         }
-        _ => fetch(txn, Keys::Versions(all_versions(round)), Some(now_ms), partitioned).await?,
+        _ => fetch(txn, Keys::Runs(runs()), Some(now_ms), partitioned).await?,
     };
 
     let mut by_aggregate: HashMap<(String, String), Vec<(i64, &QueryResult)>> = HashMap::new();

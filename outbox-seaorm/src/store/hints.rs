@@ -69,17 +69,30 @@ impl Hint {
 const BLOCKED: i64 = i64::MAX;
 
 /// Writes `hints` (the last one per aggregate wins) to the rows no writer holds, inside `txn`.
-pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -> Result<(), DbErr> {
+///
+/// `mark` writes an `UPDATE` of outbox rows (the mark of a batch's published rows), run in the same
+/// round trip as the first hints on PostgreSQL (a data-modifying `WITH`), before them elsewhere; the
+/// result is the number of rows it updated (0 without one).
+pub(super) async fn write_hints<C: ConnectionTrait>(
+    txn: &C,
+    hints: Vec<Hint>,
+    mut mark: Option<&(dyn Fn(&mut Sql) + Sync)>,
+) -> Result<u64, DbErr> {
     let backend = txn.get_database_backend();
+    let mut marked = 0;
+    if backend != DbBackend::Postgres || hints.is_empty() {
+        if let Some(mark) = mark.take() {
+            let mut update = Sql::new(backend);
+            mark(&mut update);
+            marked = txn.execute_raw(update.build()).await?.rows_affected();
+        }
+    }
     let mut latest: BTreeMap<(String, String), Hint> = BTreeMap::new();
     for hint in hints {
         latest.insert((hint.aggregate_type.clone(), hint.aggregate_id.clone()), hint);
     }
     let hints: Vec<Hint> = latest.into_values().collect();
     for chunk in hints.chunks(HINTS_PER_STATEMENT) {
-        // Before the locks: a `v + 1` committed after this read also raised `last_version`, which the
-        // upsert checks under the lock, so the worst a stale read costs is the fallback time.
-        let chunk = next_due(txn, chunk.iter().collect()).await?;
         let values = |sql: &mut Sql, hints: &[&Hint]| {
             sql.join(hints, ", ", |sql, hint| {
                 sql.push("(")
@@ -94,12 +107,24 @@ pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -
             });
         };
         let mut upsert = Sql::new(backend);
+        let mark_first = mark.take();
+        if let Some(mark) = mark_first {
+            upsert.push("WITH marked AS (");
+            mark(&mut upsert);
+            upsert.push(" RETURNING 1), hinted AS (");
+        }
         upsert.push("INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_version, due_at_ms) ");
         match backend {
             DbBackend::Postgres => {
                 // Locking and writing in one statement: the LATERAL lock skips rows a writer holds, so they
-                // never reach the upsert (which would wait for them).
-                upsert.push("SELECT k.t, k.i, k.v, k.d FROM (VALUES ");
+                // never reach the upsert (which would wait for them). A hint "after version v" takes the
+                // retry time of event v + 1 where the statement sees it (read before the lock: a v + 1
+                // committed since also raised `last_version`, which the upsert checks under the lock).
+                upsert.push(
+                    "SELECT k.t, k.i, k.v, CASE WHEN k.v >= 0 AND k.d >= 0 THEN COALESCE((SELECT \
+                     n.next_attempt_at_ms FROM outbox_events n WHERE n.aggregate_type = k.t AND \
+                     n.aggregate_id = k.i AND n.aggregate_version = k.v + 1), k.d) ELSE k.d END FROM (VALUES ",
+                );
                 values(&mut upsert, &chunk.iter().collect::<Vec<_>>());
                 upsert.push(
                     ") AS k (t, i, v, d) CROSS JOIN LATERAL (SELECT 1 FROM outbox_aggregates a \
@@ -107,6 +132,7 @@ pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -
                 );
             }
             DbBackend::MySql => {
+                let chunk = next_due(txn, chunk.iter().collect()).await?;
                 let free = lock_free_rows(txn, &chunk).await?;
                 if free.is_empty() {
                     continue;
@@ -115,6 +141,7 @@ pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -
                 values(&mut upsert, &free);
             }
             _ => {
+                let chunk = next_due(txn, chunk.iter().collect()).await?;
                 upsert.push("VALUES ");
                 values(&mut upsert, &chunk.iter().collect::<Vec<_>>());
             }
@@ -133,9 +160,15 @@ pub(super) async fn write_hints<C: ConnectionTrait>(txn: &C, hints: Vec<Hint>) -
              AND outbox_aggregates.due_at_ms = -{due} - 1 THEN NULL ELSE outbox_aggregates.due_at_ms END \
              WHEN outbox_aggregates.last_version = {v} THEN NULL ELSE {due} END"
         ));
-        txn.execute_raw(upsert.build()).await?;
+        if mark_first.is_some() {
+            upsert.push(") SELECT COUNT(*) AS marked FROM marked");
+            let row = txn.query_one_raw(upsert.build()).await?;
+            marked = row.map(|row| row.try_get::<i64>("", "marked")).transpose()?.unwrap_or(0) as u64;
+        } else {
+            txn.execute_raw(upsert.build()).await?;
+        }
     }
-    Ok(())
+    Ok(marked)
 }
 
 /// MySQL: the hints whose aggregate rows this transaction could lock (`SKIP LOCKED`: a writer's are left).
@@ -165,7 +198,9 @@ async fn lock_free_rows<'h, C: ConnectionTrait>(txn: &C, hints: &'h [Hint]) -> R
 }
 
 /// For hints "after version `v`" (`due` set, `v >= 0`): the retry time of event `v + 1` where this
-/// transaction can see it, the fallback otherwise.
+/// transaction can see it, the fallback otherwise (read before the locks: a `v + 1` committed after this
+/// read also raised `last_version`, which the upsert checks under the lock, so the worst a stale read
+/// costs is the fallback time). PostgreSQL reads it inside the upsert instead.
 async fn next_due<C: ConnectionTrait>(txn: &C, hints: Vec<&Hint>) -> Result<Vec<Hint>, DbErr> {
     let after: Vec<&Hint> = hints.iter().copied().filter(|h| h.version >= 0 && h.due.is_some_and(|d| d >= 0)).collect();
     let mut found = std::collections::HashMap::new();

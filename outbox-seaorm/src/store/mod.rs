@@ -38,6 +38,7 @@ use hints::Hint;
 
 use crate::entity::outbox_event::{Column, Entity};
 use crate::error::{Error, Result, store_error};
+use crate::sql::Sql;
 
 const TABLE: &str = "outbox_events";
 /// `last_error` keeps at most this many bytes of a publisher's message.
@@ -182,7 +183,7 @@ impl OutboxStore for SeaOrmStore {
             if hints.is_empty() {
                 txn.rollback().await.map_err(self.err("release an empty claim"))?;
             } else {
-                hints::write_hints(&txn, hints).await.map_err(self.err("update aggregate hints"))?;
+                hints::write_hints(&txn, hints, None).await.map_err(self.err("update aggregate hints"))?;
                 txn.commit().await.map_err(self.err("commit aggregate hints"))?;
             }
             return Ok(SeaOrmBatch {
@@ -455,6 +456,38 @@ async fn mark<C: ConnectionTrait>(
     Ok(report)
 }
 
+/// Marks `outcome` and writes `hints` inside `txn`: the published rows' mark and the first hints go in one
+/// statement (one round trip on PostgreSQL, see [`hints::write_hints`]), failures before them.
+async fn mark_and_hint(
+    txn: &DatabaseTransaction,
+    mut outcome: BatchOutcome,
+    created: Option<(i64, i64)>,
+    hints: Vec<Hint>,
+) -> std::result::Result<MarkReport, DbErr> {
+    let published = std::mem::take(&mut outcome.published);
+    let now_ms = outcome.now.timestamp_millis();
+    let mut report = mark(txn, outcome, created).await?;
+    if published.is_empty() {
+        hints::write_hints(txn, hints, None).await?;
+        return Ok(report);
+    }
+    let set = |sql: &mut Sql| {
+        sql.push("UPDATE outbox_events SET published_at_ms = ")
+            .bind(now_ms)
+            .push(", lease_token = NULL, lease_until_ms = NULL WHERE seq IN (")
+            .join(&published, ", ", |sql, seq| {
+                sql.bind(*seq);
+            })
+            .push(")");
+        if let Some((first, last)) = created {
+            sql.push(" AND created_at_ms BETWEEN ").bind(first).push(" AND ").bind(last);
+        }
+    };
+    report.published = hints::write_hints(txn, hints, Some(&set)).await?;
+    report.fenced += (published.len() as u64).saturating_sub(report.published);
+    Ok(report)
+}
+
 impl SeaOrmBatch {
     /// The hints this outcome implies for the claimed aggregates, after the claim's own.
     fn hints_after(&mut self, outcome: &BatchOutcome) -> Vec<Hint> {
@@ -511,8 +544,7 @@ impl ClaimedBatch for SeaOrmBatch {
                 let backend = txn.get_database_backend();
                 let error = |operation| move |e| store_error(operation, TABLE, backend, e);
                 // Released rows hold only this transaction's row locks, which the commit lets go.
-                let report = mark(&txn, outcome, self.created).await.map_err(error("mark a batch"))?;
-                hints::write_hints(&txn, hints).await.map_err(error("update aggregate hints"))?;
+                let report = mark_and_hint(&txn, outcome, self.created, hints).await.map_err(error("mark a batch"))?;
                 txn.commit().await.map_err(error("commit a batch"))?;
                 Ok(report)
             }
@@ -524,20 +556,23 @@ impl ClaimedBatch for SeaOrmBatch {
                     lock_held_heads(&txn, heads, &token, self.created).await.map_err(error("lock leased heads"))?;
                 let (mut outcome, fenced) = keep_held(&self.events, &held, outcome);
                 let released = std::mem::take(&mut outcome.released);
-                let mut report = mark(&txn, outcome, self.created).await.map_err(error("mark a leased batch"))?;
-                report.fenced += fenced;
                 if !released.is_empty() {
                     // Free the rest of a stopped run now rather than at lease expiry.
                     txn.execute(&settle(released, self.created)).await.map_err(error("release leased rows"))?;
                 }
+                // With a run fenced, the relay that took it over writes the hints.
+                let mut report = if fenced == 0 {
+                    mark_and_hint(&txn, outcome, self.created, hints).await
+                } else {
+                    mark(&txn, outcome, self.created).await
+                }
+                .map_err(error("mark a leased batch"))?;
+                report.fenced += fenced;
                 if report.fenced > 0 {
                     tracing::warn!(
                         fenced = report.fenced,
                         "lease expired and another relay took over; outcome not recorded"
                     );
-                } else {
-                    // (With a run fenced, the relay that took over writes the hints.)
-                    hints::write_hints(&txn, hints).await.map_err(error("update aggregate hints"))?;
                 }
                 txn.commit().await.map_err(error("commit a leased batch"))?;
                 Ok(report)
