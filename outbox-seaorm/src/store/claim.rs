@@ -25,7 +25,11 @@ use outbox_runtime::store::ClaimRequest;
 use outbox_runtime::{DeadLetterPolicy, EventId, Headers, OutboxEvent};
 
 use super::hints::Hint;
-use crate::sql::{KeyedSelect, Sql};
+use crate::sql::Sql;
+
+mod fetch;
+
+use fetch::{KEYS_PER_STATEMENT, Keys, fetch, write_fetch};
 
 /// Most candidate pages one claim reads before it settles for what it has (other relays hold the rest).
 const MAX_ROUNDS: usize = 8;
@@ -45,6 +49,22 @@ pub(super) struct Claimed {
     /// `(last_version, due_at_ms)` of each claimed aggregate as the claim read them: a run that ends at that
     /// version drained the aggregate, unless the hint changed meanwhile (a replay).
     pub(super) last_versions: HashMap<(String, String), (i64, i64)>,
+    /// How many candidates with pending events the claim gave budget to.
+    pub(super) runs_tried: usize,
+}
+
+/// The size of a claim's first candidates page, for a relay whose last claim took `events` in `runs` runs:
+/// as many aggregates as runs of that length fill `limit`, and a quarter more. Each candidate costs a probe
+/// of its head, so a backlog of long runs (a few hundred aggregates with many events each) reads a page of
+/// the aggregates it uses instead of `limit`; a page that falls short is followed by one of the budget
+/// left.
+pub(super) fn first_page(limit: u32, runs: usize, events: usize) -> usize {
+    let limit = limit as usize;
+    if runs == 0 || events <= runs {
+        return limit;
+    }
+    let aggregates = limit.saturating_mul(runs).div_ceil(events);
+    aggregates.saturating_add(aggregates / 4 + 4).min(limit)
 }
 
 /// An aggregate with work, as step 1 found it.
@@ -54,17 +74,6 @@ struct Candidate {
     last_version: i64,
     due_at_ms: i64,
     head: Option<i64>,
-}
-
-const CLAIM_COLUMNS: &str = "seq, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, \
-    schema_version, created_at_ms, attempts, last_error";
-
-fn payload_columns(backend: DbBackend) -> &'static str {
-    match backend {
-        DbBackend::Postgres => "payload::text AS payload, headers::text AS headers",
-        DbBackend::MySql => "CAST(payload AS CHAR) AS payload, CAST(headers AS CHAR) AS headers",
-        _ => "payload, headers",
-    }
 }
 
 /// A condition every unpublished row meets (its creation time lies between the oldest and the newest
@@ -85,7 +94,6 @@ const PRUNE_PUBLISHED_PARTITIONS: &str = "created_at_ms BETWEEN (SELECT o.create
 /// 1000 candidates: two relays on 100k pending fell from 18k to 2.5k events/s for whole drains
 /// (docs/scaling.md). The forced indexes are the ones each probe matches exactly.
 const MYSQL_RUNS_INDEX: &str = " FORCE INDEX (outbox_events_runs)";
-const MYSQL_VERSION_INDEX: &str = "outbox_events FORCE INDEX (outbox_events_version)";
 
 /// Claims up to `request.limit` events as runs inside `txn`; `partitioned` says that `outbox_events` is
 /// partitioned (see [`PRUNE_PUBLISHED_PARTITIONS`]).
@@ -93,11 +101,19 @@ pub(super) async fn claim_runs(
     txn: &DatabaseTransaction,
     request: &ClaimRequest,
     partitioned: bool,
+    first_page: usize,
 ) -> Result<Claimed, DbErr> {
     let now_ms = request.now.timestamp_millis();
     let limit = request.limit as usize;
-    let mut claimed =
-        Claimed { events: Vec::new(), undecodable: Vec::new(), hints: Vec::new(), last_versions: HashMap::new() };
+    let mut claimed = Claimed {
+        events: Vec::new(),
+        undecodable: Vec::new(),
+        hints: Vec::new(),
+        last_versions: HashMap::new(),
+        runs_tried: 0,
+    };
+    // Pages after the first: the budget left (each candidate with pending events takes at least one).
+    let mut page_size = first_page.clamp(1, limit.max(1));
     let mut after: Option<(i64, String, String)> = None;
     let mut pending_candidates: std::collections::VecDeque<Candidate> = Default::default();
     let mut exhausted = false;
@@ -110,8 +126,9 @@ pub(super) async fn claim_runs(
             if exhausted {
                 break;
             }
-            let page = candidates(txn, request, after.as_ref(), limit, partitioned).await?;
-            exhausted = page.len() < limit;
+            let page = candidates(txn, request, after.as_ref(), page_size, partitioned).await?;
+            exhausted = page.len() < page_size;
+            page_size = limit;
             if let Some(last) = page.last() {
                 after = Some((last.due_at_ms, last.aggregate_type.clone(), last.aggregate_id.clone()));
             }
@@ -138,6 +155,7 @@ pub(super) async fn claim_runs(
                     let take = (candidate.last_version - head + 1).clamp(1, left);
                     left -= take;
                     round.push((candidate, head, head + take - 1));
+                    claimed.runs_tried += 1;
                 }
             }
         }
@@ -218,154 +236,11 @@ fn write_candidates(
     sql.push(" ORDER BY a.due_at_ms, a.aggregate_type, a.aggregate_id LIMIT ").bind(limit as i64);
 }
 
-/// Most keys in one `IN` list: PostgreSQL expands a row-value list into nested `OR`s, whose depth its
-/// stack bounds.
-const KEYS_PER_STATEMENT: usize = 250;
-
-/// Most primary keys in one `seq IN (…)` list (MySQL's locking reads).
-const SEQS_PER_STATEMENT: usize = 1000;
-
-/// Which rows to fetch.
-enum Keys<'r> {
-    /// `(aggregate_type, aggregate_id, aggregate_version)` triples: point lookups in the unique index.
-    Versions(Vec<(&'r Candidate, i64)>),
-    /// Versions `from ..= to` of each aggregate: one range of the unique index per run, however long.
-    Runs(Vec<(&'r Candidate, i64, i64)>),
-    /// Primary keys (MySQL locks by primary key only).
-    Seqs(Vec<i64>),
-}
-
-/// Fetches unpublished rows by `keys`, in chunks. With `lock`, only rows claimable at that time and not
-/// locked by another relay, each now locked (`FOR UPDATE SKIP LOCKED`; SQLite relies on `BEGIN IMMEDIATE`),
-/// with every column the claim decodes; without, only their keys (MySQL's plain read before it locks).
-async fn fetch(
-    txn: &DatabaseTransaction,
-    keys: Keys<'_>,
-    lock: Option<i64>,
-    partitioned: bool,
-) -> Result<Vec<QueryResult>, DbErr> {
-    let backend = txn.get_database_backend();
-    let chunks: Vec<Keys<'_>> = match keys {
-        Keys::Versions(v) => v.chunks(KEYS_PER_STATEMENT).map(|c| Keys::Versions(c.to_vec())).collect(),
-        Keys::Runs(r) => r.chunks(KEYS_PER_STATEMENT).map(|c| Keys::Runs(c.to_vec())).collect(),
-        Keys::Seqs(s) => s.chunks(SEQS_PER_STATEMENT).map(|c| Keys::Seqs(c.to_vec())).collect(),
-    };
-    let mut rows = Vec::new();
-    for chunk in chunks {
-        let mut sql = Sql::new(backend);
-        write_fetch(&mut sql, &chunk, lock, partitioned);
-        rows.extend(txn.query_all_raw(sql.build()).await?);
-    }
-    Ok(rows)
-}
-
-/// The statement of [`fetch`] for one chunk of keys, appended to `sql`.
-fn write_fetch(sql: &mut Sql, chunk: &Keys<'_>, lock: Option<i64>, partitioned: bool) {
-    let backend = sql.backend();
-    let select = match lock {
-        Some(_) => format!("{CLAIM_COLUMNS}, {}", payload_columns(backend)),
-        None => "seq, aggregate_type, aggregate_id, aggregate_version".to_owned(),
-    };
-    let filter = |sql: &mut Sql| {
-        sql.push("published_at_ms IS NULL");
-        if partitioned {
-            sql.push(" AND ").push(PRUNE_PUBLISHED_PARTITIONS);
-        }
-        if let Some(now_ms) = lock {
-            sql.push(" AND dead_at_ms IS NULL AND next_attempt_at_ms <= ")
-                .bind(now_ms)
-                .push(" AND (lease_until_ms IS NULL OR lease_until_ms <= ")
-                .bind(now_ms)
-                .push(")");
-        }
-    };
-    let suffix = if lock.is_some() && backend != DbBackend::Sqlite { " FOR UPDATE SKIP LOCKED" } else { "" };
-    match chunk {
-        Keys::Versions(keys) => KeyedSelect {
-            select: &select,
-            table: if backend == DbBackend::MySql { MYSQL_VERSION_INDEX } else { "outbox_events" },
-            key_columns: &["aggregate_type", "aggregate_id", "aggregate_version"],
-            suffix,
-        }
-        .write(
-            sql,
-            keys.iter(),
-            |sql, (c, version)| {
-                sql.bind(c.aggregate_type.as_str()).push(", ").bind(c.aggregate_id.as_str()).push(", ").bind(*version);
-            },
-            filter,
-        ),
-        Keys::Runs(runs) => write_runs(sql, &select, runs, filter, suffix),
-        Keys::Seqs(seqs) => {
-            // Point lookups by primary key lock only the claimed rows; through a secondary index MariaDB
-            // would take next-key (gap) locks that make every enqueue wait for the claim.
-            let hint = if backend == DbBackend::MySql { " FORCE INDEX (PRIMARY)" } else { "" };
-            sql.push("SELECT ").push(&select).push(" FROM outbox_events").push(hint).push(" WHERE seq IN (");
-            sql.join(seqs, ", ", |sql, seq| {
-                sql.bind(*seq);
-            });
-            sql.push(") AND ");
-            filter(sql);
-            sql.push(suffix);
-        }
-    }
-}
-
-/// `SELECT {select}` of versions `from ..= to` of each run's aggregate `AND {filter} {suffix}`: one range
-/// of `outbox_events_version` per run (a `LATERAL` join of the runs on PostgreSQL, which locks per run; a
-/// `CROSS JOIN` on SQLite, which keeps the runs as the outer loop; `OR`ed ranges on MySQL).
-fn write_runs(
-    sql: &mut Sql,
-    select: &str,
-    runs: &[(&Candidate, i64, i64)],
-    filter: impl FnOnce(&mut Sql),
-    suffix: &str,
-) {
-    let tuple = |sql: &mut Sql| {
-        sql.join(runs, ", ", |sql, (c, from, to)| {
-            sql.push("(").bind(c.aggregate_type.as_str()).push(", ").bind(c.aggregate_id.as_str());
-            sql.push(", ").bind(*from).push(", ").bind(*to).push(")");
-        });
-    };
-    match sql.backend() {
-        DbBackend::Postgres => {
-            sql.push("SELECT x.* FROM (VALUES ");
-            tuple(sql);
-            sql.push(") AS k (t, i, f, l) CROSS JOIN LATERAL (SELECT ").push(select).push(
-                " FROM outbox_events WHERE aggregate_type = k.t AND aggregate_id = k.i \
-                 AND aggregate_version BETWEEN k.f AND k.l AND ",
-            );
-            filter(sql);
-            sql.push(suffix).push(") x");
-        }
-        DbBackend::Sqlite => {
-            sql.push("SELECT ").push(select).push(" FROM (VALUES ");
-            tuple(sql);
-            sql.push(
-                ") AS k CROSS JOIN outbox_events ON aggregate_type = k.column1 AND aggregate_id = k.column2 \
-                 AND aggregate_version BETWEEN k.column3 AND k.column4 WHERE ",
-            );
-            filter(sql);
-            sql.push(suffix);
-        }
-        _ => {
-            sql.push("SELECT ").push(select).push(" FROM ").push(MYSQL_VERSION_INDEX).push(" WHERE (");
-            sql.join(runs, " OR ", |sql, (c, from, to)| {
-                sql.push("(aggregate_type = ").bind(c.aggregate_type.as_str());
-                sql.push(" AND aggregate_id = ").bind(c.aggregate_id.as_str());
-                sql.push(" AND aggregate_version BETWEEN ").bind(*from).push(" AND ").bind(*to).push(")");
-            });
-            sql.push(") AND ");
-            filter(sql);
-            sql.push(suffix);
-        }
-    }
-}
-
 /// One claim statement and the plan the database chose for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimPlan {
-    /// `candidates` (step 1) or `heads` (step 2, with the heads of the first candidates as keys).
+    /// `candidates` (step 1) or `heads` (step 2, with the heads of the first candidates as keys; on
+    /// PostgreSQL with the rest of their runs, which the same statement locks).
     pub statement: &'static str,
     /// The plan, one line per row of `EXPLAIN` (PostgreSQL), `EXPLAIN` (MySQL: table, access type, key,
     /// rows, extra) or `EXPLAIN QUERY PLAN` (SQLite).
@@ -388,9 +263,16 @@ pub(super) async fn explain(
     plans.push(ClaimPlan { statement: "candidates", plan: plan_lines(txn, sql).await? });
 
     let found = candidates(txn, request, None, limit, partitioned).await?;
-    let heads: Vec<(&Candidate, i64)> = found.iter().filter_map(|c| c.head.map(|head| (c, head))).collect();
+    let heads: Vec<(&Candidate, i64)> =
+        found.iter().filter_map(|c| c.head.map(|head| (c, head))).take(KEYS_PER_STATEMENT).collect();
     if !heads.is_empty() {
-        let keys = Keys::Versions(heads.into_iter().take(KEYS_PER_STATEMENT).collect());
+        let keys = match backend {
+            // The heads and the rest of their runs, as the claim locks them there.
+            DbBackend::Postgres => {
+                Keys::HeldRuns(heads.into_iter().map(|(c, head)| (c, head, c.last_version.max(head))).collect())
+            }
+            _ => Keys::Versions(heads),
+        };
         let mut sql = Sql::new(backend);
         sql.push(explain_prefix(backend));
         write_fetch(&mut sql, &keys, Some(request.now.timestamp_millis()), partitioned);
@@ -475,13 +357,7 @@ async fn take_runs(
             rows.extend(fetch(txn, Keys::Seqs(seqs(rests(&held))), Some(now_ms), partitioned).await?);
             rows
         }
-        DbBackend::Postgres => {
-            let heads = round.iter().map(|(c, head, _)| (c, *head)).collect();
-            let mut rows = fetch(txn, Keys::Versions(heads), Some(now_ms), partitioned).await?;
-            let held = aggregates_of(&rows)?;
-            rows.extend(fetch(txn, Keys::Runs(rests(&held)), Some(now_ms), partitioned).await?);
-            rows
-        }
+        DbBackend::Postgres => fetch(txn, Keys::HeldRuns(runs()), Some(now_ms), partitioned).await?,
         _ => fetch(txn, Keys::Runs(runs()), Some(now_ms), partitioned).await?,
     };
 
@@ -589,4 +465,23 @@ fn decode_row(row: &QueryResult, backend: DbBackend) -> Result<OutboxEvent, Unde
 /// `text` cut to fit a message, on one line.
 fn one_line(text: &str) -> String {
     outbox_runtime::__support::one_line(&outbox_runtime::__support::truncate(text, 80))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_page;
+
+    #[test]
+    fn the_first_page_holds_the_aggregates_the_last_claims_run_length_needs() {
+        // Unknown, or runs of one event: a page as long as the batch.
+        assert_eq!(first_page(1000, 0, 0), 1000);
+        assert_eq!(first_page(1000, 1000, 1000), 1000);
+        // Runs of 10: 100 aggregates fill the batch, plus a quarter and 4.
+        assert_eq!(first_page(1000, 100, 1000), 129);
+        // One hot aggregate: a handful.
+        assert_eq!(first_page(1000, 1, 1000), 5);
+        // Never more than the batch, never less than one.
+        assert_eq!(first_page(3, 1, 2), 3);
+        assert_eq!(first_page(1, 1, 50), 1);
+    }
 }

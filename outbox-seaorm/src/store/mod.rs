@@ -52,13 +52,16 @@ pub struct SeaOrmStore {
     db: DatabaseConnection,
     /// Whether `outbox_events` is partitioned, read once (see [`crate::partition`]).
     partitioned: std::sync::Arc<tokio::sync::OnceCell<bool>>,
+    /// The runs and events of the last claim that took any, which size the next claim's first page of
+    /// candidates (see [`claim::first_page`]).
+    last_claim: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
 }
 
 impl SeaOrmStore {
     /// A store over `db`; run [`migrate`](crate::migrate) (or add [`migrations`](crate::migrations) to your
     /// `Migrator`) first.
     pub fn new(db: DatabaseConnection) -> Self {
-        SeaOrmStore { db, partitioned: Default::default() }
+        SeaOrmStore { db, partitioned: Default::default(), last_claim: Default::default() }
     }
 
     /// Whether `outbox_events` is partitioned, read from the catalog at the first claim. A failed read
@@ -173,9 +176,14 @@ impl OutboxStore for SeaOrmStore {
 
     async fn claim(&self, request: ClaimRequest) -> Result<SeaOrmBatch> {
         let partitioned = self.partitioned().await;
+        let (runs, taken) = *self.last_claim.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let first_page = claim::first_page(request.limit, runs, taken);
         let txn = self.begin().await?;
-        let Claimed { events, undecodable, hints, last_versions } =
-            claim::claim_runs(&txn, &request, partitioned).await.map_err(self.err("claim a batch"))?;
+        let Claimed { events, undecodable, hints, last_versions, runs_tried } =
+            claim::claim_runs(&txn, &request, partitioned, first_page).await.map_err(self.err("claim a batch"))?;
+        if runs_tried > 0 && !events.is_empty() {
+            *self.last_claim.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = (runs_tried, events.len());
+        }
         let dead_letters = request.dead_letters;
         let dead_on_claim =
             set_aside(&txn, &undecodable, request.now).await.map_err(self.err("mark undecodable rows dead"))?;
