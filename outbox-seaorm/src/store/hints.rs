@@ -80,12 +80,12 @@ pub(super) async fn write_hints<C: ConnectionTrait>(
 ) -> Result<u64, DbErr> {
     let backend = txn.get_database_backend();
     let mut marked = 0;
-    if backend != DbBackend::Postgres || hints.is_empty() {
-        if let Some(mark) = mark.take() {
-            let mut update = Sql::new(backend);
-            mark(&mut update);
-            marked = txn.execute_raw(update.build()).await?.rows_affected();
-        }
+    if (backend != DbBackend::Postgres || hints.is_empty())
+        && let Some(mark) = mark.take()
+    {
+        let mut update = Sql::new(backend);
+        mark(&mut update);
+        marked = txn.execute_raw(update.build()).await?.rows_affected();
     }
     let mut latest: BTreeMap<(String, String), Hint> = BTreeMap::new();
     for hint in hints {
