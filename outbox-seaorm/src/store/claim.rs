@@ -112,7 +112,7 @@ pub(super) async fn claim_runs(
         last_versions: HashMap::new(),
         runs_tried: 0,
     };
-    // Pages after the first: the budget left (each candidate with pending events takes at least one).
+    // The first page is sized from the last claim (see `first_page`); later pages are `limit` long.
     let mut page_size = first_page.clamp(1, limit.max(1));
     let mut after: Option<(i64, String, String)> = None;
     let mut pending_candidates: std::collections::VecDeque<Candidate> = Default::default();
