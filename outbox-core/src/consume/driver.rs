@@ -217,6 +217,13 @@ impl<'a, T: Transport> Driver<'a, T> {
             return;
         };
         while *groups_running < config.concurrency && !ready.is_empty() {
+            // A group that would leave room waits while others commit: the messages fetched meanwhile fill
+            // it, and the commits it saves are the consumer's cost (groups averaged 16 of 32 dispatching
+            // whatever was ready). It waits one running group's time at most, since every group that ends
+            // dispatches again.
+            if *groups_running >= PARTIAL_GROUPS_RUNNING && !fills_a_group(lanes, ready, config.group_size) {
+                return;
+            }
             let mut taken = Vec::new();
             let mut size = 0;
             while size < config.group_size
@@ -600,6 +607,21 @@ enum Step {
     Alone,
     /// The handler failed: roll the group back.
     RollBack,
+}
+
+/// How many groups may run before a group with room left waits for more messages.
+const PARTIAL_GROUPS_RUNNING: usize = 1;
+
+/// Whether the ready lanes hold at least `size` messages.
+fn fills_a_group<R>(lanes: &HashMap<String, Lane<R>>, ready: &VecDeque<String>, size: usize) -> bool {
+    let mut held = 0;
+    for lane in ready {
+        held += lanes.get(lane).map_or(0, |l| l.queue.len());
+        if held >= size {
+            return true;
+        }
+    }
+    false
 }
 
 /// The lane of a message: its aggregate, or a lane of its own when it has no envelope.

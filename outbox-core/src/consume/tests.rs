@@ -501,3 +501,62 @@ fn a_zero_group_size_is_refused() {
     let err = Consumer::new("c").unwrap().with_config(ConsumerConfig::default().with_group_size(0)).unwrap_err();
     assert!(err.to_string().contains("group_size"), "{err}");
 }
+
+/// A [`StagedDb`] whose first group waits at a gate before it commits.
+#[derive(Clone, Default)]
+struct GatedDb {
+    db: StagedDb,
+    gate: std::sync::Arc<tokio::sync::Notify>,
+    first: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl GroupCommit for GatedDb {
+    fn run<'a>(&'a self, keys: &'a GroupKeys, calls: GroupCalls<'a>) -> GroupOutcome<'a> {
+        Box::pin(async move {
+            if !self.first.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                self.gate.notified().await;
+            }
+            self.db.run(keys, calls).await
+        })
+    }
+}
+
+#[tokio::test]
+async fn messages_that_arrive_while_a_group_commits_fill_the_next_groups() {
+    let gated = GatedDb::default();
+    let writes = gated.db.clone();
+    let consumer = Consumer::new("c")
+        .unwrap()
+        // One message per fetch: a group dispatched on every arrival would hold one message.
+        .with_config(fast().with_batch_size(1).with_group_size(8))
+        .unwrap()
+        .with_group_commit(gated.clone())
+        .on::<Tick>(move |r: Received<Tick>| {
+            writes.write(&r.event.item, r.event.n);
+            async { Ok::<_, std::io::Error>(()) }
+        });
+    let transport = Memory::with(ticks(40, 1));
+    let shutdown = crate::CancellationToken::new();
+    let run = consumer.run(&transport, shutdown.clone());
+    let watch = async {
+        // The first group (the first message) waits until every other message was fetched meanwhile.
+        while !transport.queue.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        gated.gate.notify_one();
+        while consumer.stats().processed < 40 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        shutdown.cancel();
+    };
+    let (ran, ()) = tokio::time::timeout(Duration::from_secs(30), async { tokio::join!(run, watch) })
+        .await
+        .unwrap_or_else(|_| panic!("not drained in 30 s: {:?}", consumer.stats()));
+    ran.unwrap();
+    assert_once_in_order(&gated.db.applied(), 40, 1);
+    let commits = gated.db.commits.lock().unwrap().clone();
+    let alone = commits.iter().filter(|&&n| n == 1).count();
+    assert_eq!(alone, 1, "only the first message, with nothing running, went without waiting: {commits:?}");
+    let full = commits.iter().filter(|&&n| n == 8).count();
+    assert!(full >= 4 && commits.len() <= 7, "the other 39 messages went in full groups of 8: {commits:?}");
+}

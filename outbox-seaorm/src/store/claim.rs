@@ -8,7 +8,8 @@
 //!    (due, not dead, not leased);
 //! 3. the rest of each run whose head this relay now holds, versions `head + 1 ..` cut to the remaining
 //!    budget, locked the same way. Locking heads first means a relay never locks rows behind a head
-//!    another relay holds.
+//!    another relay holds. On PostgreSQL steps 2 and 3 are one statement (the rest is read from the heads
+//!    it locked); SQLite reads each run as one range.
 //!
 //! MySQL finds the rows' primary keys with a plain read first and locks by primary key, which takes no gap
 //! locks, so enqueues never wait on a claim. SQLite has no row locks: the claim runs in `BEGIN IMMEDIATE`.
@@ -239,8 +240,9 @@ fn write_candidates(
 /// One claim statement and the plan the database chose for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimPlan {
-    /// `candidates` (step 1) or `heads` (step 2, with the heads of the first candidates as keys; on
-    /// PostgreSQL with the rest of their runs, which the same statement locks).
+    /// `candidates` (step 1), `runs` (steps 2 and 3 for the first candidates: their heads and the rest
+    /// of their runs, locked in one statement on PostgreSQL and SQLite, a plain read of their keys on
+    /// MySQL) or `locks` (MySQL: the lock of those rows by primary key).
     pub statement: &'static str,
     /// The plan, one line per row of `EXPLAIN` (PostgreSQL), `EXPLAIN` (MySQL: table, access type, key,
     /// rows, extra) or `EXPLAIN QUERY PLAN` (SQLite).
@@ -248,7 +250,8 @@ pub struct ClaimPlan {
 }
 
 /// The plans of the claim's statements as a relay would run them now, inside `txn` (nothing is executed
-/// but the candidates query that finds real keys for the heads' plan).
+/// but the reads that find real keys for the later statements' plans: the candidates, and on MySQL the
+/// plain read of the runs).
 pub(super) async fn explain(
     txn: &DatabaseTransaction,
     request: &ClaimRequest,
@@ -263,20 +266,35 @@ pub(super) async fn explain(
     plans.push(ClaimPlan { statement: "candidates", plan: plan_lines(txn, sql).await? });
 
     let found = candidates(txn, request, None, limit, partitioned).await?;
-    let heads: Vec<(&Candidate, i64)> =
-        found.iter().filter_map(|c| c.head.map(|head| (c, head))).take(KEYS_PER_STATEMENT).collect();
-    if !heads.is_empty() {
-        let keys = match backend {
-            // The heads and the rest of their runs, as the claim locks them there.
-            DbBackend::Postgres => {
-                Keys::HeldRuns(heads.into_iter().map(|(c, head)| (c, head, c.last_version.max(head))).collect())
-            }
-            _ => Keys::Versions(heads),
-        };
+    let runs: Vec<(&Candidate, i64, i64)> = found
+        .iter()
+        .filter_map(|c| c.head.map(|head| (c, head, c.last_version.max(head))))
+        .take(KEYS_PER_STATEMENT)
+        .collect();
+    if runs.is_empty() {
+        return Ok(plans);
+    }
+    let now_ms = Some(request.now.timestamp_millis());
+    // The statements `take_runs` runs for these runs, in its order.
+    let statements: Vec<(&'static str, Keys<'_>, Option<i64>)> = match backend {
+        DbBackend::Postgres => vec![("runs", Keys::HeldRuns(runs), now_ms)],
+        DbBackend::MySql => {
+            // The plain read is executed (it locks nothing) to find the primary keys the lock is planned for.
+            let seqs = fetch(txn, Keys::Runs(runs.clone()), None, partitioned)
+                .await?
+                .iter()
+                .map(|row| row.try_get::<i64>("", "seq"))
+                .collect::<Result<Vec<_>, _>>()?;
+            let seqs = seqs.into_iter().take(KEYS_PER_STATEMENT).collect();
+            vec![("runs", Keys::Runs(runs), None), ("locks", Keys::Seqs(seqs), now_ms)]
+        }
+        _ => vec![("runs", Keys::Runs(runs), now_ms)],
+    };
+    for (statement, keys, lock) in statements {
         let mut sql = Sql::new(backend);
         sql.push(explain_prefix(backend));
-        write_fetch(&mut sql, &keys, Some(request.now.timestamp_millis()), partitioned);
-        plans.push(ClaimPlan { statement: "heads", plan: plan_lines(txn, sql).await? });
+        write_fetch(&mut sql, &keys, lock, partitioned);
+        plans.push(ClaimPlan { statement, plan: plan_lines(txn, sql).await? });
     }
     Ok(plans)
 }

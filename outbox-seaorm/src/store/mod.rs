@@ -102,10 +102,11 @@ impl SeaOrmStore {
         crate::watch::CommitWatch::new(&self.db, interval)
     }
 
-    /// The plans the database chooses now for the claim's statements (the due aggregates, and the heads
-    /// of the first of them), for a relay that claims `limit` events: to see why a claim is slow, e.g.
-    /// after an `ANALYZE` taken while nothing was pending. Runs in a transaction it rolls back; only the
-    /// candidates query is executed (to find real keys for the heads' plan).
+    /// The plans the database chooses now for the claim's statements (the due aggregates, then the runs
+    /// of the first of them, and on MySQL their lock by primary key), for a relay that claims `limit`
+    /// events: to see why a claim is slow, e.g. after an `ANALYZE` taken while nothing was pending. Runs
+    /// in a transaction it rolls back; only reads that lock nothing are executed (to find real keys for
+    /// the later statements' plans).
     pub async fn claim_plans(&self, limit: u32, dead_letters: DeadLetterPolicy) -> Result<Vec<ClaimPlan>> {
         let txn = self.db.begin().await.map_err(self.err("begin explaining the claim"))?;
         let request = ClaimRequest { now: chrono::Utc::now(), limit, mode: ClaimMode::Transaction, dead_letters };

@@ -61,6 +61,7 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
             continue;
         }
         let mut runs: [Vec<Run>; 3] = Default::default();
+        let mut group_sizes = Vec::new();
         for round in 0..ctx.rounds {
             let db = ctx.target.fresh().await?;
             let sql = "CREATE TABLE bench_effects (order_id VARCHAR(64) NOT NULL, total_minor BIGINT NOT NULL)";
@@ -72,9 +73,13 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
             // The two consumers take turns going first.
             let order = if round % 2 == 0 { [false, true] } else { [true, false] };
             for group in order {
-                let run = consume_from(&broker, &tag, &db, group, events as u64).await.with_context(|| {
-                    format!("round {} ({})", round + 1, if group { "grouped" } else { "one by one" })
-                })?;
+                let (run, groups) =
+                    consume_from(&broker, &tag, &db, group, events as u64).await.with_context(|| {
+                        format!("round {} ({})", round + 1, if group { "grouped" } else { "one by one" })
+                    })?;
+                if group && groups > 0 {
+                    group_sizes.push(run.done as f64 / groups as f64);
+                }
                 runs[if group { 2 } else { 1 }].push(run);
             }
             broker.cleanup(&tag).await;
@@ -90,8 +95,11 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
         table.rate_row("consumer", "one transaction per message", &runs[1], Some(&runs[0]), "events/s");
         table.rate_row("consumer", "group commit (up to 32 per commit)", &runs[2], Some(&runs[0]), "events/s");
         let grouped = round_ratio(&runs[2], &runs[0]);
+        group_sizes.sort_by(f64::total_cmp);
+        let group_size = group_sizes.get(group_sizes.len() / 2).copied().unwrap_or_default();
         table.note(format!(
-            "Consumer / relay, median of per-round ratios: one per transaction {}, group commit {}.",
+            "Consumer / relay, median of per-round ratios: one per transaction {}, group commit {} \
+             ({group_size:.1} messages per commit).",
             ratio(round_ratio(&runs[1], &runs[0])),
             ratio(grouped),
         ));
@@ -188,8 +196,15 @@ async fn drain<P: Publisher + Clone + 'static>(ctx: &Ctx, publisher: P, expected
     Ok(run)
 }
 
-/// Reads the round's messages back as consumer group `GROUPS[group]`; timed.
-async fn consume_from(broker: &Broker, tag: &str, db: &DatabaseConnection, group: bool, expected: u64) -> Result<Run> {
+/// Reads the round's messages back as consumer group `GROUPS[group]`; timed, with the number of group
+/// commits.
+async fn consume_from(
+    broker: &Broker,
+    tag: &str,
+    db: &DatabaseConnection,
+    group: bool,
+    expected: u64,
+) -> Result<(Run, u64)> {
     let name = GROUPS[usize::from(group)];
     match broker {
         Broker::Nats(_) => {
@@ -221,14 +236,15 @@ async fn fill(db: &DatabaseConnection, events: usize, aggregates: usize) -> Resu
     Ok(())
 }
 
-/// Consumes until `expected` events are applied (inbox row + effect row), timed from the start.
+/// Consumes until `expected` events are applied (inbox row + effect row), timed from the start; with the
+/// number of group commits.
 async fn consume<T: Transport + 'static>(
     db: &DatabaseConnection,
     transport: T,
     name: &str,
     group: bool,
     expected: u64,
-) -> Result<Run> {
+) -> Result<(Run, u64)> {
     let handler_db = db.clone();
     let consumer_name = name.to_owned();
     let backend = db.get_database_backend();
@@ -268,7 +284,7 @@ async fn consume<T: Transport + 'static>(
     if stats.dead_lettered > 0 {
         bail!("the bench consumer dead-lettered messages: {stats:?}");
     }
-    Ok(Run { done: stats.processed, secs, timed_out })
+    Ok((Run { done: stats.processed, secs, timed_out }, stats.groups))
 }
 
 /// The effect of one event.

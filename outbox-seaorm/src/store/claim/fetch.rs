@@ -1,10 +1,10 @@
-//! The claim's keyed reads of `outbox_events`: rows by `(aggregate, version)`, by runs of versions, or by
-//! `seq`, in statements of a bounded number of keys, locking or not.
+//! The claim's keyed reads of `outbox_events`: rows by runs of versions of an aggregate, or by `seq`, in
+//! statements of a bounded number of keys, locking or not.
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, QueryResult};
 
 use super::{Candidate, PRUNE_PUBLISHED_PARTITIONS};
-use crate::sql::{KeyedSelect, Sql};
+use crate::sql::Sql;
 
 const CLAIM_COLUMNS: &str = "seq, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, \
     schema_version, created_at_ms, attempts, last_error";
@@ -30,8 +30,6 @@ const SEQS_PER_STATEMENT: usize = 1000;
 
 /// Which rows to fetch.
 pub(super) enum Keys<'r> {
-    /// `(aggregate_type, aggregate_id, aggregate_version)` triples: point lookups in the unique index.
-    Versions(Vec<(&'r Candidate, i64)>),
     /// Versions `from ..= to` of each aggregate: one range of the unique index per run, however long.
     Runs(Vec<(&'r Candidate, i64, i64)>),
     /// Runs `head ..= to` (PostgreSQL, locking): each head, and the rest of the run behind each head the
@@ -52,7 +50,6 @@ pub(super) async fn fetch(
 ) -> Result<Vec<QueryResult>, DbErr> {
     let backend = txn.get_database_backend();
     let chunks: Vec<Keys<'_>> = match keys {
-        Keys::Versions(v) => v.chunks(KEYS_PER_STATEMENT).map(|c| Keys::Versions(c.to_vec())).collect(),
         Keys::Runs(r) => r.chunks(KEYS_PER_STATEMENT).map(|c| Keys::Runs(c.to_vec())).collect(),
         Keys::HeldRuns(r) => r.chunks(KEYS_PER_STATEMENT).map(|c| Keys::HeldRuns(c.to_vec())).collect(),
         Keys::Seqs(s) => s.chunks(SEQS_PER_STATEMENT).map(|c| Keys::Seqs(c.to_vec())).collect(),
@@ -88,20 +85,6 @@ pub(super) fn write_fetch(sql: &mut Sql, chunk: &Keys<'_>, lock: Option<i64>, pa
     };
     let suffix = if lock.is_some() && backend != DbBackend::Sqlite { " FOR UPDATE SKIP LOCKED" } else { "" };
     match chunk {
-        Keys::Versions(keys) => KeyedSelect {
-            select: &select,
-            table: if backend == DbBackend::MySql { MYSQL_VERSION_INDEX } else { "outbox_events" },
-            key_columns: &["aggregate_type", "aggregate_id", "aggregate_version"],
-            suffix,
-        }
-        .write(
-            sql,
-            keys.iter(),
-            |sql, (c, version)| {
-                sql.bind(c.aggregate_type.as_str()).push(", ").bind(c.aggregate_id.as_str()).push(", ").bind(*version);
-            },
-            filter,
-        ),
         Keys::Runs(runs) => write_runs(sql, &select, runs, filter, suffix),
         Keys::HeldRuns(runs) => write_held_runs(sql, &select, runs, filter, suffix),
         Keys::Seqs(seqs) => {
