@@ -286,6 +286,15 @@ pub async fn consume_broker(
             consumer.run(&transport, stop).await?;
         }
     }
+    let stats = consumer.stats();
+    if stats.groups > 0 {
+        let applied = stats.processed + stats.duplicates;
+        eprintln!(
+            "soak: consumer: {applied} messages in {} group commits ({:.1} per commit)",
+            stats.groups,
+            applied as f64 / stats.groups as f64
+        );
+    }
     // The flusher writes what is left once the consumer stopped.
     consumer_done.cancel();
     flusher.await.map_err(|e| SoakError::Usage(format!("the delivery recorder panicked: {e}")))??;
