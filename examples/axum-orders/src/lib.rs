@@ -96,7 +96,7 @@ pub async fn run_outbox<P: Publisher + 'static, T: Transport>(
     // The relay (claim → publish → mark), cleanup of published rows and a stats sampler, in the background
     let outbox = OutboxService::builder(SeaOrmStore::new(db.clone()), publisher).shutdown_on(&shutdown).start()?;
     let billing = Consumer::new("billing")?
-        .with_group_commit(SeaOrmGroupCommit::new(db.clone())) // up to 32 messages per commit
+        .with_group_commit(SeaOrmGroupCommit::new(db.clone())) // up to 64 messages per commit
         .on::<OrderPlaced>(move |placed: Received<OrderPlaced>| {
             let db = db.clone();
             async move { bill(&db, &placed.envelope).await } // inbox dedup + effect, in the group's transaction

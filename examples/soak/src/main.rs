@@ -106,7 +106,7 @@ pub struct SoakArgs {
     pub consumers: u32,
     /// With a real broker: messages the consumer applies per transaction (group commit; 1 applies each
     /// alone). SQLite always uses 1.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 64)]
     pub group_size: usize,
     /// Probability that the broker rejects an event (the relay retries it).
     #[arg(long, default_value_t = 0.0)]

@@ -217,10 +217,10 @@ impl<'a, T: Transport> Driver<'a, T> {
             return;
         };
         while *groups_running < config.concurrency && !ready.is_empty() {
-            // A group that would leave room waits while others commit: the messages fetched meanwhile fill
-            // it, and the commits it saves are the consumer's cost (groups averaged 16 of 32 dispatching
-            // whatever was ready). It waits one running group's time at most, since every group that ends
-            // dispatches again.
+            // A group that would leave room waits while another commits: the messages fetched meanwhile
+            // fill it, and commits are the consumer's cost (a live stream at 1,900 events/s averaged 3.4-4.2
+            // messages per commit dispatching whatever was ready, 6.9-7.5 this way, lag unchanged). It waits
+            // one running group's time at most, since every group that ends dispatches again.
             if *groups_running >= PARTIAL_GROUPS_RUNNING && !fills_a_group(lanes, ready, config.group_size) {
                 return;
             }

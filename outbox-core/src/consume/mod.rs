@@ -70,9 +70,11 @@ pub struct ConsumerConfig {
     /// database transaction rolls back), counted in [`ConsumerStats::timed_out`] and retried like a
     /// failure; it also bounds how long shutdown waits for a running handler.
     pub handler_timeout: Duration,
-    /// Most messages applied in one transaction when the consumer has a [`GroupCommit`] (default 32; 1
-    /// applies each message in its own transaction). Groups form from the messages ready when a slot is
-    /// free, so a quiet consumer does not wait to fill one.
+    /// Most messages applied in one transaction when the consumer has a [`GroupCommit`] (default 64, one
+    /// fetch of the default [`batch_size`](Self::batch_size); 1 applies each message in its own
+    /// transaction). A group starts at once when nothing else runs, so a quiet consumer never waits to
+    /// fill one; while a group runs, another starts only when it is full, so what arrives meanwhile
+    /// fills it.
     pub group_size: usize,
 }
 
@@ -87,7 +89,7 @@ impl Default for ConsumerConfig {
             fetch_wait: Duration::from_secs(1),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             handler_timeout: Duration::from_secs(30),
-            group_size: 32,
+            group_size: 64,
         }
     }
 }

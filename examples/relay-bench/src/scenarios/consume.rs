@@ -93,7 +93,7 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
         );
         table.rate_row("relay", "batch 1000, to the broker", &runs[0], None, "events/s");
         table.rate_row("consumer", "one transaction per message", &runs[1], Some(&runs[0]), "events/s");
-        table.rate_row("consumer", "group commit (up to 32 per commit)", &runs[2], Some(&runs[0]), "events/s");
+        table.rate_row("consumer", "group commit (up to 64 per commit)", &runs[2], Some(&runs[0]), "events/s");
         let grouped = round_ratio(&runs[2], &runs[0]);
         group_sizes.sort_by(f64::total_cmp);
         let group_size = group_sizes.get(group_sizes.len() / 2).copied().unwrap_or_default();
@@ -256,7 +256,7 @@ async fn consume<T: Transport + 'static>(
             outbox_seaorm::handle_once(&db, &consumer_name, &id, async |txn| txn.execute_raw(insert).await).await
         }
     };
-    let config = ConsumerConfig::default().with_group_size(if group { 32 } else { 1 });
+    let config = if group { ConsumerConfig::default() } else { ConsumerConfig::default().with_group_size(1) };
     let mut consumer = Consumer::new(name)?.with_config(config)?.on::<OrderPlaced>(handler);
     if group {
         consumer = consumer.with_group_commit(SeaOrmGroupCommit::new(db.clone()));
