@@ -69,6 +69,8 @@ impl<'a, T: Transport> Driver<'a, T> {
         let mut ready: VecDeque<String> = VecDeque::new();
         let mut running: FuturesUnordered<BoxFuture<'_, Settled<T::Receipt>>> = FuturesUnordered::new();
         let mut groups_running = 0usize;
+        // When the group that waits to fill (see `dispatch`) starts anyway.
+        let mut filling: Option<Instant> = None;
         let mut fetch: Option<Fetch<'_, T::Receipt>> = None;
         let mut held = 0usize;
         let mut pause = Duration::ZERO;
@@ -77,7 +79,7 @@ impl<'a, T: Transport> Driver<'a, T> {
         let mut stopping = false;
         loop {
             if !stopping {
-                self.dispatch(&mut lanes, &mut ready, &mut running, &mut groups_running);
+                self.dispatch(&mut lanes, &mut ready, &mut running, &mut groups_running, &mut filling);
             }
             if !stopping && fetch.is_none() && held < config.max_in_flight {
                 tracing::trace!(held, lanes = lanes.len(), running = running.len(), "fetching");
@@ -114,6 +116,7 @@ impl<'a, T: Transport> Driver<'a, T> {
                         }
                     }
                 }
+                () = async { tokio::time::sleep_until(filling.expect("guarded by is_some").into()).await }, if filling.is_some() && !stopping => {}
                 Some(settled) = running.next(), if !running.is_empty() => {
                     let finished = match settled {
                         Settled::One(lane) => {
@@ -199,13 +202,16 @@ impl<'a, T: Transport> Driver<'a, T> {
 
     /// Starts work on the ready lanes: each lane's head alone, or, with a group commit, groups of up to
     /// `group_size` messages (several of one lane, in order) while fewer than `concurrency` groups run.
+    /// `filling` is when a group left waiting to fill starts anyway; set only when one waits.
     fn dispatch<'s>(
         &'s self,
         lanes: &mut HashMap<String, Lane<T::Receipt>>,
         ready: &mut VecDeque<String>,
         running: &mut FuturesUnordered<BoxFuture<'s, Settled<T::Receipt>>>,
         groups_running: &mut usize,
+        filling: &mut Option<Instant>,
     ) {
+        let waiting_until = filling.take();
         let config = &self.consumer.config;
         let Some(group) = self.grouping() else {
             for lane in ready.drain(..) {
@@ -220,9 +226,13 @@ impl<'a, T: Transport> Driver<'a, T> {
             // A group that would leave room waits while another commits: the messages fetched meanwhile
             // fill it, and commits are the consumer's cost (a live stream at 1,900 events/s averaged 3.4-4.2
             // messages per commit dispatching whatever was ready, 6.9-7.5 this way, lag unchanged). It waits
-            // one running group's time at most, since every group that ends dispatches again.
+            // until a group ends or for `MAX_FILL_WAIT`, so a slow or hung group holds no other lane back.
             if *groups_running >= PARTIAL_GROUPS_RUNNING && !fills_a_group(lanes, ready, config.group_size) {
-                return;
+                let until = waiting_until.unwrap_or_else(|| Instant::now() + MAX_FILL_WAIT);
+                if Instant::now() < until {
+                    *filling = Some(until);
+                    return;
+                }
             }
             let mut taken = Vec::new();
             let mut size = 0;
@@ -611,6 +621,10 @@ enum Step {
 
 /// How many groups may run before a group with room left waits for more messages.
 const PARTIAL_GROUPS_RUNNING: usize = 1;
+/// The longest a group with room left waits for more messages while another group runs: about the time
+/// of a commit, so that a group that runs long (a slow handler, one waiting out `handler_timeout`) holds
+/// back the other lanes no longer than that.
+const MAX_FILL_WAIT: Duration = Duration::from_millis(10);
 
 /// Whether the ready lanes hold at least `size` messages.
 fn fills_a_group<R>(lanes: &HashMap<String, Lane<R>>, ready: &VecDeque<String>, size: usize) -> bool {

@@ -560,3 +560,39 @@ async fn messages_that_arrive_while_a_group_commits_fill_the_next_groups() {
     let full = commits.iter().filter(|&&n| n == 8).count();
     assert!(full >= 4 && commits.len() <= 7, "the other 39 messages went in full groups of 8: {commits:?}");
 }
+
+#[tokio::test]
+async fn a_group_that_runs_long_does_not_hold_the_other_lanes_back() {
+    let gated = GatedDb::default();
+    let writes = gated.db.clone();
+    let consumer = Consumer::new("c")
+        .unwrap()
+        // Groups never fill here (40 messages, room for 64): the others wait only a moment for company.
+        .with_config(fast().with_batch_size(1).with_group_size(64))
+        .unwrap()
+        .with_group_commit(gated.clone())
+        .on::<Tick>(move |r: Received<Tick>| {
+            writes.write(&r.event.item, r.event.n);
+            async { Ok::<_, std::io::Error>(()) }
+        });
+    let transport = Memory::with(ticks(40, 1));
+    let shutdown = crate::CancellationToken::new();
+    let run = consumer.run(&transport, shutdown.clone());
+    let watch = async {
+        // The first group is held (a slow handler) until every other message was applied.
+        while consumer.stats().processed < 39 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        gated.gate.notify_one();
+        while consumer.stats().processed < 40 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        shutdown.cancel();
+    };
+    tokio::time::timeout(Duration::from_secs(30), async { tokio::join!(run, watch) })
+        .await
+        .unwrap_or_else(|_| panic!("the other lanes waited for the held group: {:?}", consumer.stats()))
+        .0
+        .unwrap();
+    assert_once_in_order(&gated.db.applied(), 40, 1);
+}
