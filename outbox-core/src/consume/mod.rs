@@ -73,8 +73,8 @@ pub struct ConsumerConfig {
     /// Most messages applied in one transaction when the consumer has a [`GroupCommit`] (default 64, one
     /// fetch of the default [`batch_size`](Self::batch_size); 1 applies each message in its own
     /// transaction). A group starts at once when nothing else runs, so a quiet consumer never waits to
-    /// fill one; while a group runs, another starts only when it is full, so what arrives meanwhile
-    /// fills it.
+    /// fill one; while a group runs, another starts when it is full or has waited 10 ms, so what arrives
+    /// meanwhile fills it.
     pub group_size: usize,
 }
 
