@@ -30,7 +30,7 @@ use crate::sql::Sql;
 
 mod fetch;
 
-use fetch::{KEYS_PER_STATEMENT, Keys, fetch, write_fetch};
+use fetch::{KEYS_PER_STATEMENT, Keys, SEQS_PER_STATEMENT, fetch, write_fetch};
 
 /// Most candidate pages one claim reads before it settles for what it has (other relays hold the rest).
 const MAX_ROUNDS: usize = 8;
@@ -308,7 +308,7 @@ pub(super) async fn explain(
                 .iter()
                 .map(|row| row.try_get::<i64>("", "seq"))
                 .collect::<Result<Vec<_>, _>>()?;
-            let seqs = seqs.into_iter().take(KEYS_PER_STATEMENT).collect();
+            let seqs = seqs.into_iter().take(SEQS_PER_STATEMENT).collect();
             vec![("runs", Keys::Runs(runs), None), ("locks", Keys::Seqs(seqs), now_ms)]
         }
         _ => vec![("runs", Keys::Runs(runs), now_ms)],

@@ -95,8 +95,7 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
         table.rate_row("consumer", "one transaction per message", &runs[1], Some(&runs[0]), "events/s");
         table.rate_row("consumer", "group commit (up to 64 per commit)", &runs[2], Some(&runs[0]), "events/s");
         let grouped = round_ratio(&runs[2], &runs[0]);
-        group_sizes.sort_by(f64::total_cmp);
-        let group_size = group_sizes.get(group_sizes.len() / 2).copied().unwrap_or_default();
+        let group_size = crate::report::summary(&group_sizes).0;
         table.note(format!(
             "Consumer / relay, median of per-round ratios: one per transaction {}, group commit {} \
              ({group_size:.1} messages per commit).",

@@ -26,7 +26,7 @@ const MYSQL_VERSION_INDEX: &str = "outbox_events FORCE INDEX (outbox_events_vers
 pub(super) const KEYS_PER_STATEMENT: usize = 250;
 
 /// Most primary keys in one `seq IN (…)` list (MySQL's locking reads).
-const SEQS_PER_STATEMENT: usize = 1000;
+pub(super) const SEQS_PER_STATEMENT: usize = 1000;
 
 /// Which rows to fetch.
 pub(super) enum Keys<'r> {
