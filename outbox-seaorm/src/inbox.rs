@@ -5,9 +5,9 @@ use std::collections::HashSet;
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, Statement};
 
-use outbox_runtime::InboxOutcome;
 use outbox_runtime::consume::{GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
 use outbox_runtime::limits::{MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
+use outbox_runtime::{InboxOutcome, Received};
 use sea_orm::DatabaseConnection;
 
 use crate::OutboxConnection;
@@ -67,6 +67,85 @@ where
     let outcome = unit.scope(effect(unit.txn())).await.map_err(InboxError::Effect);
     let value = unit.finish(outcome, |e| store_error("commit", "inbox_messages", backend, e).into()).await?;
     Ok(InboxOutcome::Processed(value))
+}
+
+/// Runs `effect` once for the messages of `batch` that `consumer` has not processed before: the batch
+/// form of [`handle_once`], for a [`Consumer::on_batch`](outbox_runtime::Consumer::on_batch) handler, so
+/// that a group's effects can be one statement instead of one per message.
+///
+/// Records every message's inbox row (keyed by event id, as `#[idempotent_handler]` does) and runs the
+/// effect with the new ones (moved out of the batch), in batch order, in ONE transaction (a savepoint when `db` is already a
+/// transaction; inside a [`SeaOrmGroupCommit`], the group's, whose rows the group wrote ahead). Returns
+/// each message's outcome, in batch order: the messages seen before (or twice in the batch) are
+/// `Duplicate` and are not handed to the effect; when every message is one, the effect does not run. An
+/// effect error rolls back the effect and every inbox row of the batch.
+///
+/// ```no_run
+/// # use outbox_seaorm::{DomainEvent, Received};
+/// # async fn demo<E: DomainEvent>(db: &sea_orm::DatabaseConnection, batch: Vec<Received<E>>) -> Result<(), Box<dyn std::error::Error>> {
+/// use sea_orm::ConnectionTrait;
+/// let outcomes = outbox_seaorm::handle_batch_once(db, "billing", batch, async |txn, new| {
+///     // One statement for the effects of every new message.
+///     let rows = vec!["('o1')"; new.len()].join(", ");
+///     txn.execute_unprepared(&format!("INSERT INTO invoices (order_id) VALUES {rows}")).await.map(|_| ())
+/// })
+/// .await?;
+/// # Ok(()) }
+/// ```
+pub async fn handle_batch_once<C, E, F, Err>(
+    db: &C,
+    consumer: &str,
+    batch: Vec<Received<E>>,
+    effect: F,
+) -> Result<Vec<InboxOutcome<()>>, InboxError<Err>>
+where
+    C: OutboxConnection + ?Sized,
+    F: for<'t> AsyncFnOnce(&'t DatabaseTransaction, Vec<Received<E>>) -> Result<(), Err>,
+{
+    outbox_runtime::__support::check_name("consumer", consumer, MAX_CONSUMER_LEN)?;
+    let ids: Vec<String> = batch.iter().map(|received| received.envelope.id.to_string()).collect();
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let backend = db.get_database_backend();
+    let unit = Unit::begin(db).await.map_err(|e| store_error("begin", "inbox_messages", backend, e))?;
+    // Inside a group commit, the group wrote the rows of its messages already.
+    let mut new: Vec<Option<bool>> = match unit.group() {
+        Some(group) => {
+            let mut inbox = group.inbox();
+            ids.iter().map(|id| inbox.claim(consumer, id)).collect()
+        }
+        None => vec![None; ids.len()],
+    };
+    let unrecorded: Vec<&str> = ids.iter().zip(&new).filter(|(_, n)| n.is_none()).map(|(id, _)| id.as_str()).collect();
+    if !unrecorded.is_empty() {
+        let mut inserted = match record_all(unit.txn(), consumer, &unrecorded).await {
+            Ok(Some(inserted)) => inserted,
+            Ok(None) => {
+                unit.roll_back().await;
+                let raced = DbErr::Custom("another delivery recorded a message of the batch meanwhile; retry".into());
+                return Err(store_error("record messages", "inbox_messages", backend, raced).into());
+            }
+            Err(e) => {
+                unit.roll_back().await;
+                return Err(store_error("record messages", "inbox_messages", backend, e).into());
+            }
+        };
+        for (id, new) in ids.iter().zip(new.iter_mut()).filter(|(_, n)| n.is_none()) {
+            // A message twice in the batch is new once.
+            *new = Some(inserted.remove(id));
+        }
+    }
+    let new: Vec<bool> = new.into_iter().map(|n| n == Some(true)).collect();
+    if !new.contains(&true) {
+        unit.abandon().await;
+        tracing::debug!(consumer, messages = batch.len(), "every message of the batch was a duplicate");
+        return Ok(vec![InboxOutcome::Duplicate; batch.len()]);
+    }
+    let fresh: Vec<Received<E>> = batch.into_iter().zip(&new).filter(|(_, new)| **new).map(|(r, _)| r).collect();
+    let outcome = unit.scope(effect(unit.txn(), fresh)).await.map_err(InboxError::Effect);
+    unit.finish(outcome, |e| store_error("commit", "inbox_messages", backend, e).into()).await?;
+    Ok(new.into_iter().map(|new| if new { InboxOutcome::Processed(()) } else { InboxOutcome::Duplicate }).collect())
 }
 
 /// Group commit on a SeaORM pool, for [`Consumer::with_group_commit`](outbox_runtime::Consumer::with_group_commit):
@@ -214,23 +293,32 @@ fn record_statement(backend: DbBackend, consumer: &str, message_id: &str) -> Sta
 }
 
 /// Writes the inbox rows of a group's messages in one statement (two on MySQL) and tells which were new.
-/// Keys are inserted in sorted order, so two groups sharing keys lock them in the same order. `Ok(None)`:
-/// on MySQL, a row appeared between the read and the insert (it cannot say which).
+/// `Ok(None)`: on MySQL, a row appeared between the read and the insert (it cannot say which).
 async fn record_ahead(txn: &DatabaseTransaction, keys: &GroupKeys) -> Result<Option<RecordedAhead>, DbErr> {
     let consumer = keys.consumer.as_str();
     let mut ids: Vec<&str> = keys.message_ids.iter().map(String::as_str).collect();
-    ids.sort_unstable();
-    ids.dedup();
     ids.retain(|id| outbox_runtime::__support::check_name("message_id", id, MAX_MESSAGE_ID_LEN).is_ok());
     if ids.is_empty() || outbox_runtime::__support::check_name("consumer", consumer, MAX_CONSUMER_LEN).is_err() {
         return Ok(Some(RecordedAhead::default()));
     }
+    let Some(new) = record_all(txn, consumer, &ids).await? else { return Ok(None) };
+    Ok(Some(RecordedAhead::new(consumer, ids.into_iter().map(|id| (id.to_owned(), new.contains(id))))))
+}
+
+/// Inserts the inbox rows of `ids` (valid names) that are not there yet, in one statement (two on MySQL),
+/// and returns those it inserted. Keys are inserted in sorted order, so two writers sharing keys lock them
+/// in the same order. `Ok(None)`: on MySQL, a row appeared between the read and the insert (it cannot say
+/// which).
+async fn record_all(txn: &DatabaseTransaction, consumer: &str, ids: &[&str]) -> Result<Option<HashSet<String>>, DbErr> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
     let backend = txn.get_database_backend();
     let now = Utc::now().timestamp_millis();
     let message_ids = |rows: Vec<sea_orm::QueryResult>| -> Result<HashSet<String>, DbErr> {
         rows.iter().map(|row| row.try_get::<String>("", "message_id")).collect()
     };
-    let new = match backend {
+    match backend {
         DbBackend::MySql => {
             // No `RETURNING`: read which rows are there, then insert the others; a count that differs
             // means a row was committed in between.
@@ -243,21 +331,14 @@ async fn record_ahead(txn: &DatabaseTransaction, keys: &GroupKeys) -> Result<Opt
                     return Ok(None);
                 }
             }
-            fresh.into_iter().map(str::to_owned).collect()
+            Ok(Some(fresh.into_iter().map(str::to_owned).collect()))
         }
         _ => {
-            let insert = insert_statement(
-                backend,
-                "INSERT INTO",
-                " ON CONFLICT DO NOTHING RETURNING message_id",
-                consumer,
-                &ids,
-                now,
-            );
-            message_ids(txn.query_all_raw(insert).await?)?
+            let tail = " ON CONFLICT DO NOTHING RETURNING message_id";
+            let insert = insert_statement(backend, "INSERT INTO", tail, consumer, &ids, now);
+            Ok(Some(message_ids(txn.query_all_raw(insert).await?)?))
         }
-    };
-    Ok(Some(RecordedAhead::new(consumer, ids.into_iter().map(|id| (id.to_owned(), new.contains(id))))))
+    }
 }
 
 /// `{verb} inbox_messages (…) VALUES (…), (…){tail}`, one row per id.

@@ -106,7 +106,6 @@ mod transaction;
 pub mod watch;
 
 #[doc(hidden)]
-#[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
 
@@ -114,7 +113,7 @@ pub use connect::{DEFAULT_CONNECT_TIMEOUT, SUPPORTED_SCHEMES, connect, connect_w
 pub use connection::OutboxConnection;
 pub use enqueue::{enqueue, enqueue_all};
 pub use error::InboxError;
-pub use inbox::{SeaOrmGroupCommit, handle_once};
+pub use inbox::{SeaOrmGroupCommit, handle_batch_once, handle_once};
 #[cfg(feature = "migrations")]
 pub use migration::{MIGRATE_LOCK_WAIT, Migrator, migrate, migrations};
 pub use store::SeaOrmStore;

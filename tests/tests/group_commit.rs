@@ -3,7 +3,8 @@
 //! the error never lets the group ack messages whose effects are gone.
 //!
 //! The broker here is a queue in the test (the contract suite runs groups through the four real brokers);
-//! what is under test is the database side of the group.
+//! what is under test is the database side of the group. Batch handlers (`Consumer::on_batch` with
+//! `handle_batch_once`) are checked here too.
 
 mod common;
 
@@ -299,6 +300,117 @@ async fn rows_no_handler_claimed_are_not_committed(t: TestDb) {
     assert_eq!(count_inbox(&t, CONSUMER).await, 0, "{t}: no row the handlers did not record");
 }
 
+/// The queue's messages as a batch handler receives them.
+fn received(queue: &Queue) -> Vec<Received<OrderBilled>> {
+    let messages = queue.messages.lock().expect("queue");
+    messages
+        .iter()
+        .map(|(_, d)| {
+            let envelope = outbox_seaorm::broker::decode_message(&d.headers, &d.payload).expect("an envelope");
+            Received { event: OrderBilled::from_envelope(&envelope).expect("an event"), envelope, delivery: 1 }
+        })
+        .collect()
+}
+
+/// One invoice per message, in one statement.
+async fn invoice_all(txn: &sea_orm::DatabaseTransaction, batch: &[Received<OrderBilled>]) -> Result<(), DbErr> {
+    let rows: Vec<String> =
+        batch.iter().map(|r| format!("('{}', {})", r.event.order_id, r.event.total_minor)).collect();
+    txn.execute_unprepared(&format!("INSERT INTO invoices (order_id, total_minor) VALUES {}", rows.join(", "))).await?;
+    Ok(())
+}
+
+/// `handle_batch_once` records every message of a batch and runs one effect for the new ones: a message
+/// applied before, or twice in the batch, is a duplicate and not handed to the effect; a failed effect
+/// leaves no inbox row of the batch; a batch of duplicates runs no effect.
+async fn a_batch_effect_runs_once_for_the_new_messages_only(t: TestDb) {
+    create_shop_tables(&t).await;
+    let queue = Queue::of(&t, &billed(6)).await;
+    let mut batch = received(&queue);
+    for r in &batch[..2] {
+        let id = r.envelope.id.to_string();
+        let before =
+            outbox_seaorm::handle_once(&t.db, CONSUMER, &id, async |txn| insert_invoice(txn, "earlier", 1).await);
+        assert!(before.await.unwrap_or_else(|e| panic!("{t}: applied before: {e}")).is_processed(), "{t}");
+    }
+    batch.push(batch[3].clone());
+    let failed = outbox_seaorm::handle_batch_once(&t.db, CONSUMER, batch.clone(), async |txn, new| {
+        invoice_all(txn, &new).await?;
+        Err::<(), _>(DbErr::Custom("the invoice service said no".into()))
+    })
+    .await;
+    assert!(matches!(failed, Err(outbox_seaorm::InboxError::Effect(_))), "{t}: {failed:?}");
+    assert_eq!((count_inbox(&t, CONSUMER).await, count_table(&t, "invoices").await), (2, 2), "{t}: all rolled back");
+    let mut handed = Vec::new();
+    let outcomes = outbox_seaorm::handle_batch_once(&t.db, CONSUMER, batch.clone(), async |txn, new| {
+        handed = new.iter().map(|r| r.event.order_id.clone()).collect();
+        invoice_all(txn, &new).await
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{t}: {e}"));
+    let processed: Vec<bool> = outcomes.iter().map(InboxOutcome::is_processed).collect();
+    assert_eq!(processed, [false, false, true, true, true, true, false], "{t}");
+    assert_eq!(handed, ["o2", "o3", "o4", "o5"], "{t}: the new messages, in order, once each");
+    assert_eq!((count_inbox(&t, CONSUMER).await, count_table(&t, "invoices").await), (6, 6), "{t}");
+    let again = outbox_seaorm::handle_batch_once(&t.db, CONSUMER, batch.clone(), async |_, _| -> Result<(), DbErr> {
+        panic!("the effect of a batch of duplicates ran")
+    });
+    let again = again.await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert!(again.iter().all(InboxOutcome::is_duplicate), "{t}: {again:?}");
+}
+
+/// A batch handler in groups: 40 orders, 10 of them delivered twice and 10 applied before, each group's
+/// invoices written in one statement; every order invoiced and recorded exactly once.
+async fn a_batch_handler_in_groups_applies_each_message_once(t: TestDb) {
+    create_shop_tables(&t).await;
+    let queue = Queue::of(&t, &billed(40)).await;
+    for id in queue.ids().iter().skip(3).step_by(4) {
+        let before =
+            outbox_seaorm::handle_once(&t.db, CONSUMER, id, async |txn| insert_invoice(txn, "earlier", 1).await);
+        assert!(before.await.unwrap_or_else(|e| panic!("{t}: applied before: {e}")).is_processed(), "{t}");
+    }
+    {
+        let mut messages = queue.messages.lock().expect("queue");
+        let again: Vec<_> = messages
+            .iter()
+            .take(10)
+            .map(|(r, d)| {
+                let (headers, payload, origin) = (d.headers.clone(), d.payload.clone(), d.origin.clone());
+                (r + 1000, Delivery { headers, payload, origin, deliveries: 2, receipt: r + 1000 })
+            })
+            .collect();
+        messages.extend(again);
+    }
+    let calls = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let (db, sizes) = (t.db.clone(), calls.clone());
+    let consumer = Consumer::new(CONSUMER)
+        .expect("name")
+        .with_config(ConsumerConfig::default().with_fetch_wait(Duration::from_millis(50)).with_group_size(32))
+        .expect("config")
+        .with_group_commit(SeaOrmGroupCommit::new(t.db.clone()))
+        .on_batch::<OrderBilled>(move |batch: Vec<Received<OrderBilled>>| {
+            let (db, sizes) = (db.clone(), sizes.clone());
+            async move {
+                sizes.lock().expect("sizes").push(batch.len());
+                outbox_seaorm::handle_batch_once(&db, CONSUMER, batch, async |txn, new| invoice_all(txn, &new).await)
+                    .await
+            }
+        });
+    let running = Running::start(consumer, queue);
+    eventually(Duration::from_secs(60), &format!("{t}: 50 handled"), async || {
+        let stats = running.stats();
+        stats.processed + stats.duplicates >= 50
+    })
+    .await;
+    let stats = running.stop().await;
+    assert_eq!((stats.processed, stats.duplicates, stats.group_rollbacks), (30, 20, 0), "{t}: {stats:?}");
+    assert_eq!(count_table(&t, "invoices").await, 40, "{t}: 10 earlier and 30 now, none twice");
+    assert_eq!(count_inbox(&t, CONSUMER).await, 40, "{t}");
+    assert!(calls.lock().expect("calls").iter().any(|&n| n > 1), "{t}: several messages per call");
+}
+
+outbox_integration_tests::per_backend!(a_batch_effect_runs_once_for_the_new_messages_only, "batch_once");
+outbox_integration_tests::per_backend!(a_batch_handler_in_groups_applies_each_message_once, "batch_groups");
 outbox_integration_tests::per_backend!(a_failed_effect_is_undone_in_a_group_as_it_is_alone, "group_failed_effect");
 outbox_integration_tests::per_backend!(a_message_the_inbox_holds_is_a_duplicate_in_a_group, "group_seen");
 outbox_integration_tests::per_backend!(rows_no_handler_claimed_are_not_committed, "group_unclaimed");

@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::group::{GroupCommit, GroupKeys};
+use super::group::GroupCommit;
 use super::route::{Attempt, BoxFuture, Handled, Route};
 use super::transport::{DeadLetter, Delivery, Transport};
 use super::{Consumer, Counters};
@@ -26,6 +26,9 @@ const ACK_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// The longest pause between fetches after the broker failed.
 const MAX_FETCH_PAUSE: Duration = Duration::from_secs(5);
+
+mod grouped;
+use grouped::{MAX_FILL_WAIT, PARTIAL_GROUPS_RUNNING, fills_a_group};
 
 pub(super) async fn run<T: Transport>(consumer: &Consumer, transport: &T, shutdown: CancellationToken) -> Result<()> {
     let span = tracing::info_span!(
@@ -258,122 +261,6 @@ impl<'a, T: Transport> Driver<'a, T> {
         Settled::One(self.settle(delivery, lane).await)
     }
 
-    /// A group: every handler in one transaction, then the acks after its commit. A failure rolls the whole
-    /// group back (a database may have ended the transaction under it, as MySQL does on a deadlock), and
-    /// its messages go back to their lanes to run alone. A message that cannot run here (not decodable, a
-    /// newer version) stops its lane's part of the group; the rest of the group goes on.
-    async fn settle_group(
-        &self,
-        group: &dyn GroupCommit,
-        taken: Vec<(String, Vec<Delivery<T::Receipt>>)>,
-    ) -> Settled<T::Receipt> {
-        let mut outcomes: Vec<Vec<Applied>> = taken.iter().map(|_| Vec::new()).collect();
-        let keys = self.group_keys(&taken);
-        let committed = {
-            let _permit = self.permits.acquire().await;
-            let calls = async {
-                for ((_, deliveries), outcomes) in taken.iter().zip(outcomes.iter_mut()) {
-                    for delivery in deliveries {
-                        if self.shutdown.is_cancelled() {
-                            return true; // What ran commits; the rest is released.
-                        }
-                        match self.apply_in_group(delivery).await {
-                            Step::Applied(applied) => outcomes.push(applied),
-                            Step::Alone => break,
-                            Step::RollBack => return false,
-                        }
-                    }
-                }
-                true
-            };
-            group.run(&keys, Box::pin(calls)).await
-        };
-        let size: usize = taken.iter().map(|(_, d)| d.len()).sum();
-        match committed {
-            Ok(true) => Counters::add(&self.counters().groups),
-            Ok(false) => {
-                Counters::add(&self.counters().group_rollbacks);
-                tracing::debug!(size, "a handler of the group failed: rolled back, its messages run alone");
-                outcomes.iter_mut().for_each(Vec::clear);
-            }
-            Err(error) => {
-                Counters::add(&self.counters().group_rollbacks);
-                tracing::warn!(error = %one_line(&error.to_string()), size, "group commit failed; its messages run again alone (the inbox absorbs any that did commit)");
-                outcomes.iter_mut().for_each(Vec::clear);
-            }
-        }
-        let mut acks = Vec::new();
-        let mut lanes = Vec::with_capacity(taken.len());
-        let mut applied = 0;
-        for ((lane, mut deliveries), outcomes) in taken.into_iter().zip(outcomes) {
-            let rest = deliveries.split_off(outcomes.len());
-            applied += deliveries.len();
-            for (delivery, outcome) in deliveries.into_iter().zip(outcomes) {
-                self.count(outcome);
-                acks.push(delivery);
-            }
-            lanes.push((lane, rest));
-        }
-        self.ack_group(&acks).await;
-        Settled::Group { lanes, applied }
-    }
-
-    /// The inbox keys of a group's messages that have a handler here, for the group commit to record
-    /// ahead (a message without a valid id is poison, and left out).
-    fn group_keys(&self, taken: &[(String, Vec<Delivery<T::Receipt>>)]) -> GroupKeys {
-        let routes = &self.consumer.routes;
-        let message_ids = taken
-            .iter()
-            .flat_map(|(_, deliveries)| deliveries)
-            .filter(|d| d.headers.get(header::TYPE).is_some_and(|t| routes.contains_key(t.as_str())))
-            .filter_map(|d| d.headers.get(header::ID)?.parse::<crate::envelope::EventId>().ok())
-            .map(|id| id.to_string())
-            .collect();
-        GroupKeys { consumer: self.consumer.name.clone(), message_ids }
-    }
-
-    /// One message of a group, inside the group's transaction.
-    async fn apply_in_group(&self, delivery: &Delivery<T::Receipt>) -> Step {
-        let span = self.process_span(delivery);
-        async {
-            let (route, event) = match self.plan(delivery) {
-                Plan::Skip(event) => return Step::Applied(Applied::Skipped(event.event_type)),
-                Plan::Poison(_) => return Step::Alone,
-                Plan::Handle(route, event) => (route, event),
-            };
-            let event_type = event.event_type.clone();
-            match self.attempt(route, *event, delivery.deliveries).await {
-                Attempt::Done(handled) => Step::Applied(Applied::Handled(handled, event_type)),
-                Attempt::Newer(_) | Attempt::Poison(_) => Step::Alone,
-                Attempt::Failed(reason) => {
-                    tracing::debug!(reason = %one_line(&reason), "handler failed inside a group");
-                    Step::RollBack
-                }
-            }
-        }
-        .instrument(span)
-        .await
-    }
-
-    /// Counts a message its group committed.
-    fn count(&self, outcome: Applied) {
-        match outcome {
-            Applied::Handled(Handled::Processed, event_type) => {
-                Counters::add(&self.counters().processed);
-                crate::metrics::consumed(&self.consumer.name, &event_type, Consumed::Processed);
-            }
-            Applied::Handled(Handled::Duplicate, event_type) => {
-                Counters::add(&self.counters().duplicates);
-                crate::metrics::consumed(&self.consumer.name, &event_type, Consumed::Duplicate);
-            }
-            Applied::Skipped(event_type) => {
-                tracing::debug!(event_type = %one_line(&event_type), "no handler for this event type here; acked untouched");
-                Counters::add(&self.counters().skipped);
-                crate::metrics::consumer_dead_lettered_or_skipped(&self.consumer.name, false);
-            }
-        }
-    }
-
     /// One handler call, bounded by `handler_timeout`, timed.
     async fn attempt(&self, route: &dyn Route, event: OutboxEvent, delivery: u32) -> Attempt {
         let started = Instant::now();
@@ -534,19 +421,6 @@ impl<'a, T: Transport> Driver<'a, T> {
         }
     }
 
-    /// Acks a committed group's messages together (pipelined where the transport can); when that fails,
-    /// each alone, with retries.
-    async fn ack_group(&self, deliveries: &[Delivery<T::Receipt>]) {
-        if deliveries.is_empty() {
-            return;
-        }
-        let receipts: Vec<&T::Receipt> = deliveries.iter().map(|delivery| &delivery.receipt).collect();
-        if let Err(error) = self.transport.ack_all(&receipts).await {
-            tracing::debug!(%error, messages = deliveries.len(), "acking the group at once failed; acking each alone");
-            futures_util::future::join_all(deliveries.iter().map(|delivery| self.ack(delivery))).await;
-        }
-    }
-
     /// Acks, trying [`ACK_ATTEMPTS`] times a short moment apart (acking twice is harmless; a lost ack costs a
     /// redelivery, which the inbox absorbs).
     async fn ack(&self, delivery: &Delivery<T::Receipt>) {
@@ -601,41 +475,6 @@ enum Settled<R> {
     One(String),
     /// A group: per lane, the messages it did not settle (to run alone, in order); how many it settled.
     Group { lanes: Vec<(String, Vec<Delivery<R>>)>, applied: usize },
-}
-
-/// A message its group applied, counted once the group commits.
-enum Applied {
-    Handled(Handled, String),
-    Skipped(String),
-}
-
-/// What happened to one message inside a group.
-enum Step {
-    /// Applied (or skipped) inside the group's transaction.
-    Applied(Applied),
-    /// Cannot be settled here (dead letter, newer version): it and the rest of its lane run alone.
-    Alone,
-    /// The handler failed: roll the group back.
-    RollBack,
-}
-
-/// How many groups may run before a group with room left waits for more messages.
-const PARTIAL_GROUPS_RUNNING: usize = 1;
-/// The longest a group with room left waits for more messages while another group runs: about the time
-/// of a commit, so that a group that runs long (a slow handler, one waiting out `handler_timeout`) holds
-/// back the other lanes no longer than that.
-const MAX_FILL_WAIT: Duration = Duration::from_millis(10);
-
-/// Whether the ready lanes hold at least `size` messages.
-fn fills_a_group<R>(lanes: &HashMap<String, Lane<R>>, ready: &VecDeque<String>, size: usize) -> bool {
-    let mut held = 0;
-    for lane in ready {
-        held += lanes.get(lane).map_or(0, |l| l.queue.len());
-        if held >= size {
-            return true;
-        }
-    }
-    false
 }
 
 /// The lane of a message: its aggregate, or a lane of its own when it has no envelope.

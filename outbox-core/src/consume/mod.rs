@@ -37,7 +37,7 @@ use std::time::Duration;
 
 pub use dead_letters::{DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters};
 pub use group::{GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
-pub use route::{EventHandler, Handled, Received};
+pub use route::{BatchHandler, EventHandler, Handled, Received};
 pub use transport::{DeadLetter, Delivery, MAX_DEAD_REASON_LEN, Replayable, Transport, dead_header, replayable};
 
 use crate::config::Backoff;
@@ -45,7 +45,7 @@ use crate::envelope::DEFAULT_MAX_PAYLOAD_BYTES;
 use crate::error::{Error, Result};
 use crate::event::DomainEvent;
 use crate::inbox::MAX_CONSUMER_LEN;
-use route::{Route, Typed};
+use route::{Route, Typed, TypedBatch};
 
 /// Consumer settings. [`ConsumerConfig::validate`] runs in [`Consumer::with_config`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -309,6 +309,32 @@ impl Consumer {
     /// handler for the same event name replaces the first.
     pub fn on<E: DomainEvent>(mut self, handler: impl EventHandler<E>) -> Self {
         if self.routes.insert(E::NAME, Box::new(Typed::<E, _>::new(handler))).is_some() {
+            tracing::warn!(consumer = %self.name, event_type = E::NAME, "a second handler replaced the first");
+        }
+        self
+    }
+
+    /// Handles events of type `E` with `handler`, several at once: inside a group commit, the events of
+    /// type `E` that are next to each other in the group (up to [`ConsumerConfig::group_size`], several
+    /// aggregates', each aggregate's in order) go to one call, so that their effects can be written in one
+    /// statement (with `outbox-seaorm`: `handle_batch_once`). Without a group commit, or when a group
+    /// rolled back and its messages run alone, each call holds one event.
+    ///
+    /// A failing call fails every event of its batch: the group rolls back and its messages run again
+    /// alone, so a poison event is retried and dead-lettered by itself. A second handler for the same event
+    /// name, batched or not, replaces the first.
+    ///
+    /// ```no_run
+    /// # use outbox_runtime::{Consumer, Handled, Received, DomainEvent};
+    /// # fn demo<P: DomainEvent>() -> outbox_runtime::Result<()> {
+    /// let consumer = Consumer::new("billing")?.on_batch::<P>(async |placed: Vec<Received<P>>| {
+    ///     /* bill them all in one statement */
+    ///     Ok::<_, std::io::Error>(vec![Handled::Processed; placed.len()])
+    /// });
+    /// # Ok(()) }
+    /// ```
+    pub fn on_batch<E: DomainEvent>(mut self, handler: impl BatchHandler<E>) -> Self {
+        if self.routes.insert(E::NAME, Box::new(TypedBatch::<E, _>::new(handler))).is_some() {
             tracing::warn!(consumer = %self.name, event_type = E::NAME, "a second handler replaced the first");
         }
         self

@@ -69,6 +69,32 @@ where
     }
 }
 
+/// A handler of several events of type `E` at once: the events of one group that are next to each other
+/// in it (see [`Consumer::on_batch`](super::Consumer::on_batch)), so that their effects can be one
+/// statement instead of one each. Returns what it did with each event, in the batch's order, once the
+/// effects committed (or joined the group's transaction); an error means none of them was applied.
+///
+/// Implemented for async closures `Fn(Vec<Received<E>>) -> impl Future<Output = Result<O, Err>>` where `O`
+/// iterates over [`Handled`] or [`InboxOutcome`] values (one per event), so `outbox-seaorm`'s
+/// `handle_batch_once` fits as it is.
+pub trait BatchHandler<E>: Send + Sync + 'static {
+    /// Handles the events of one batch, in order.
+    fn handle(&self, batch: Vec<Received<E>>) -> impl Future<Output = Result<Vec<Handled>, BoxError>> + Send;
+}
+
+impl<E, F, Fut, O, Err> BatchHandler<E> for F
+where
+    F: Fn(Vec<Received<E>>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<O, Err>> + Send,
+    O: IntoIterator<Item: Into<Handled>>,
+    Err: Into<BoxError>,
+{
+    fn handle(&self, batch: Vec<Received<E>>) -> impl Future<Output = Result<Vec<Handled>, BoxError>> + Send {
+        let future = self(batch);
+        async move { future.await.map(|handled| handled.into_iter().map(Into::into).collect()).map_err(Into::into) }
+    }
+}
+
 /// What one attempt at a message came to.
 #[derive(Debug)]
 pub(crate) enum Attempt {
@@ -84,9 +110,29 @@ pub(crate) enum Attempt {
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// A message decoded by a batched route, waiting for its batch: a `Received<E>` of the route's `E`.
+pub(crate) type Decoded = Box<dyn std::any::Any + Send>;
+
 /// The type-erased handler of one event type.
 pub(crate) trait Route: Send + Sync {
+    /// One message, decoded and handled.
     fn attempt<'a>(&'a self, envelope: OutboxEvent, delivery: u32) -> BoxFuture<'a, Attempt>;
+
+    /// The route's batch side, when its handler takes several messages at once: the driver then decodes a
+    /// group's messages one by one and hands those next to each other to one handler call.
+    fn batch(&self) -> Option<&dyn BatchRoute> {
+        None
+    }
+}
+
+/// The batch side of a route whose handler takes several messages at once.
+pub(crate) trait BatchRoute: Send + Sync {
+    /// Decodes a message for a batch; `Err` is the attempt it came to without running (newer, poison).
+    fn decode(&self, envelope: OutboxEvent, delivery: u32) -> Result<Decoded, Attempt>;
+
+    /// One handler call for messages this route decoded: what it did with each, in order, or why it failed
+    /// (then none of them was applied).
+    fn attempt_batch<'a>(&'a self, batch: Vec<Decoded>) -> BoxFuture<'a, Result<Vec<Handled>, String>>;
 }
 
 pub(crate) struct Typed<E, H> {
@@ -103,28 +149,102 @@ impl<E, H> Typed<E, H> {
 impl<E: DomainEvent, H: EventHandler<E>> Route for Typed<E, H> {
     fn attempt<'a>(&'a self, envelope: OutboxEvent, delivery: u32) -> BoxFuture<'a, Attempt> {
         Box::pin(async move {
-            let event = match E::from_envelope(&envelope) {
-                Ok(event) => event,
-                Err(error @ Error::UnsupportedVersion { version, newest, .. }) if version > newest => {
-                    return Attempt::Newer(error.to_string());
-                }
-                Err(error) => return Attempt::Poison(error.to_string()),
+            let received = match received::<E>(envelope, delivery) {
+                Ok(received) => received,
+                Err(attempt) => return attempt,
             };
-            let received = Received { event, envelope, delivery };
-            match std::panic::AssertUnwindSafe(self.handler.handle(received)).catch_unwind().await {
-                Ok(Ok(handled)) => Attempt::Done(handled),
-                // Handler errors reach logs and dead-letter headers: credentials in them never do.
-                Ok(Err(error)) => Attempt::Failed(crate::text::redact_secrets(&error_chain(&*error))),
-                Err(panic) => {
-                    let message = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_owned())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "a non-string panic".to_owned());
-                    Attempt::Failed(crate::text::redact_secrets(&format!("the handler panicked: {message}")))
-                }
+            match caught(self.handler.handle(received)).await {
+                Ok(handled) => Attempt::Done(handled),
+                Err(reason) => Attempt::Failed(reason),
             }
         })
+    }
+}
+
+/// A [`BatchHandler`]'s route.
+pub(crate) struct TypedBatch<E, H> {
+    handler: H,
+    _event: std::marker::PhantomData<fn() -> E>,
+}
+
+impl<E, H> TypedBatch<E, H> {
+    pub(crate) fn new(handler: H) -> Self {
+        TypedBatch { handler, _event: std::marker::PhantomData }
+    }
+}
+
+impl<E: DomainEvent, H: BatchHandler<E>> Route for TypedBatch<E, H> {
+    fn attempt<'a>(&'a self, envelope: OutboxEvent, delivery: u32) -> BoxFuture<'a, Attempt> {
+        Box::pin(async move {
+            let decoded = match self.decode(envelope, delivery) {
+                Ok(decoded) => decoded,
+                Err(attempt) => return attempt,
+            };
+            match self.attempt_batch(vec![decoded]).await.map(|handled| handled.into_iter().next()) {
+                Ok(Some(handled)) => Attempt::Done(handled),
+                Ok(None) => Attempt::Failed("the batch handler returned no outcome for its one event".to_owned()),
+                Err(reason) => Attempt::Failed(reason),
+            }
+        })
+    }
+
+    fn batch(&self) -> Option<&dyn BatchRoute> {
+        Some(self)
+    }
+}
+
+impl<E: DomainEvent, H: BatchHandler<E>> BatchRoute for TypedBatch<E, H> {
+    fn decode(&self, envelope: OutboxEvent, delivery: u32) -> Result<Decoded, Attempt> {
+        received::<E>(envelope, delivery).map(|received| Box::new(received) as Decoded)
+    }
+
+    fn attempt_batch<'a>(&'a self, batch: Vec<Decoded>) -> BoxFuture<'a, Result<Vec<Handled>, String>> {
+        Box::pin(async move {
+            let events = batch.len();
+            let batch: Vec<Received<E>> = batch
+                .into_iter()
+                .filter_map(|decoded| decoded.downcast::<Received<E>>().ok().map(|received| *received))
+                .collect();
+            if batch.len() != events {
+                return Err("a message decoded for another event type reached this batch".to_owned());
+            }
+            let handled = caught(self.handler.handle(batch)).await?;
+            if handled.len() != events {
+                return Err(format!(
+                    "the batch handler returned {} outcomes for {events} events (one per event, in order)",
+                    handled.len()
+                ));
+            }
+            Ok(handled)
+        })
+    }
+}
+
+/// Decodes (and upcasts) a message for a handler of `E`; `Err` is what the attempt came to without one.
+fn received<E: DomainEvent>(envelope: OutboxEvent, delivery: u32) -> Result<Received<E>, Attempt> {
+    match E::from_envelope(&envelope) {
+        Ok(event) => Ok(Received { event, envelope, delivery }),
+        Err(error @ Error::UnsupportedVersion { version, newest, .. }) if version > newest => {
+            Err(Attempt::Newer(error.to_string()))
+        }
+        Err(error) => Err(Attempt::Poison(error.to_string())),
+    }
+}
+
+/// Runs a handler call, turning its error or panic into the reason a retry or dead letter carries.
+async fn caught<T>(call: impl Future<Output = Result<T, BoxError>>) -> Result<T, String> {
+    match std::panic::AssertUnwindSafe(call).catch_unwind().await {
+        Ok(Ok(value)) => Ok(value),
+        // Handler errors reach logs and dead-letter headers: credentials in them never do.
+        Ok(Err(error)) => Err(crate::text::redact_secrets(&error_chain(&*error))),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-string panic".to_owned());
+            Err(crate::text::redact_secrets(&format!("the handler panicked: {message}")))
+        }
     }
 }
 

@@ -11,6 +11,8 @@ use crate::broker::envelope_headers;
 use crate::envelope::{EventId, OutboxEvent};
 use crate::error::Error;
 
+mod batches;
+
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 struct Tick {
     item: String,
