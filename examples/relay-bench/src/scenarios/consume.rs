@@ -1,7 +1,8 @@
 //! Consumers at relay speed: one backlog relayed to a real broker, then consumed by the consume driver
-//! with an inbox and an effect row on the bench database, one transaction per message and then with
-//! group commit. Each round relays a fresh backlog to fresh destinations and reads it twice (one consumer
-//! group per variant), so the three figures of a round are on the same messages. Per broker: NATS
+//! with an inbox and an effect row on the bench database: one transaction per message, group commit with a
+//! handler per message, and group commit with a batch handler (one effect statement per call). Each round
+//! relays a fresh backlog to fresh destinations and reads it three times (one consumer group per variant),
+//! so the four figures of a round are on the same messages. Per broker: NATS
 //! JetStream, Redis Streams, RabbitMQ, and Kafka with the `kafka` feature (3 partitions, the transport
 //! assigned all of them, so no group join is timed); each is skipped, with the reason printed, when it does
 //! not answer.
@@ -28,6 +29,10 @@ use crate::report::{RATE_HEADER, Run, Table, ratio};
 /// savepoints; 0.32 through Redis in a CI run right after its test build, so the floor leaves room for a
 /// loaded machine and still fails a consumer that got half as fast).
 const CONSUMER_FLOOR: f64 = 0.2;
+/// The floor of the batch-handler consumer's rate over the relay's (`--floors`; measured 1.0-1.3 through
+/// NATS and Redis, in release builds on a quiet machine: half of that fails a batch path that lost its
+/// one statement per call).
+const BATCH_FLOOR: f64 = 0.5;
 /// The floor of the group-commit consumer's rate over one transaction per message (measured 2.0-2.5 in
 /// quick runs).
 const GROUP_GAIN_FLOOR: f64 = 1.5;
@@ -60,7 +65,7 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
             println!("\nconsume through {name}: skipped: nothing answers on {address}");
             continue;
         }
-        let mut runs: [Vec<Run>; 3] = Default::default();
+        let mut runs: [Vec<Run>; 4] = Default::default();
         let mut group_sizes = Vec::new();
         for round in 0..ctx.rounds {
             let db = ctx.target.fresh().await?;
@@ -70,17 +75,17 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
             let tag = chrono::Utc::now().timestamp_micros().to_string();
             let (relayed, broker) = relay(ctx, name, &tag, events as u64).await?;
             runs[0].push(relayed);
-            // The two consumers take turns going first.
-            let order = if round % 2 == 0 { [false, true] } else { [true, false] };
-            for group in order {
-                let (run, groups) =
-                    consume_from(&broker, &tag, &db, group, events as u64).await.with_context(|| {
-                        format!("round {} ({})", round + 1, if group { "grouped" } else { "one by one" })
-                    })?;
-                if group && groups > 0 {
+            // The consumers take turns going first.
+            let mut order = Mode::ALL;
+            order.rotate_left(round % Mode::ALL.len());
+            for mode in order {
+                let (run, groups) = consume_from(&broker, &tag, &db, mode, events as u64)
+                    .await
+                    .with_context(|| format!("round {} ({mode:?})", round + 1))?;
+                if mode == Mode::Grouped && groups > 0 {
                     group_sizes.push(run.done as f64 / groups as f64);
                 }
-                runs[if group { 2 } else { 1 }].push(run);
+                runs[mode as usize + 1].push(run);
             }
             broker.cleanup(&tag).await;
             db.close().await.context("close")?;
@@ -94,16 +99,20 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
         table.rate_row("relay", "batch 1000, to the broker", &runs[0], None, "events/s");
         table.rate_row("consumer", "one transaction per message", &runs[1], Some(&runs[0]), "events/s");
         table.rate_row("consumer", "group commit (up to 64 per commit)", &runs[2], Some(&runs[0]), "events/s");
+        table.rate_row("consumer", "group commit, batch handler", &runs[3], Some(&runs[0]), "events/s");
         let grouped = round_ratio(&runs[2], &runs[0]);
+        let batched = round_ratio(&runs[3], &runs[0]);
         let group_size = crate::report::summary(&group_sizes).0;
         table.note(format!(
             "Consumer / relay, median of per-round ratios: one per transaction {}, group commit {} \
-             ({group_size:.1} messages per commit).",
+             ({group_size:.1} messages per commit), batch handler {}.",
             ratio(round_ratio(&runs[1], &runs[0])),
             ratio(grouped),
+            ratio(batched),
         ));
         table.emit(ctx.out.as_deref())?;
         ctx.floor(&format!("group-commit consumer / relay through {name}"), grouped, CONSUMER_FLOOR);
+        ctx.floor(&format!("batch-handler consumer / relay through {name}"), batched, BATCH_FLOOR);
         let gain = round_ratio(&runs[2], &runs[1]);
         ctx.floor(&format!("group commit / one transaction per message through {name}"), gain, GROUP_GAIN_FLOOR);
     }
@@ -113,8 +122,28 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
 const NATS_URL: &str = "nats://127.0.0.1:4222";
 const REDIS_URL: &str = "redis://127.0.0.1:6379";
 const RABBIT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-/// The consumer groups of a round: one transaction per message, and grouped.
-const GROUPS: [&str; 2] = ["bench-one", "bench-group"];
+/// How a round's consumer applies messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// One transaction per message.
+    OneByOne,
+    /// Group commit, a handler call per message.
+    Grouped,
+    /// Group commit, a batch handler: one call, one effect statement, per run of messages.
+    Batched,
+}
+
+impl Mode {
+    const ALL: [Mode; 3] = [Mode::OneByOne, Mode::Grouped, Mode::Batched];
+
+    /// The broker-side consumer group of the mode.
+    fn group(self) -> &'static str {
+        GROUPS[self as usize]
+    }
+}
+
+/// The consumer groups of a round, one per [`Mode`].
+const GROUPS: [&str; 3] = ["bench-one", "bench-group", "bench-batch"];
 
 /// The broker a round relayed to, kept to read it back and delete what the round created.
 enum Broker {
@@ -195,31 +224,31 @@ async fn drain<P: Publisher + Clone + 'static>(ctx: &Ctx, publisher: P, expected
     Ok(run)
 }
 
-/// Reads the round's messages back as consumer group `GROUPS[group]`; timed, with the number of group
+/// Reads the round's messages back as the consumer group of `mode`; timed, with the number of group
 /// commits.
 async fn consume_from(
     broker: &Broker,
     tag: &str,
     db: &DatabaseConnection,
-    group: bool,
+    mode: Mode,
     expected: u64,
 ) -> Result<(Run, u64)> {
-    let name = GROUPS[usize::from(group)];
+    let name = mode.group();
     match broker {
         Broker::Nats(_) => {
             let transport = NatsTransport::connect(NATS_URL, &Broker::nats_stream(tag), name, None).await?;
-            consume(db, transport, name, group, expected).await
+            consume(db, transport, name, mode, expected).await
         }
         Broker::Redis => {
             let transport = RedisTransport::connect(REDIS_URL, &Broker::redis_stream(tag), name, "c1").await?;
-            consume(db, transport, name, group, expected).await
+            consume(db, transport, name, mode, expected).await
         }
         Broker::Rabbit => {
             let transport = RabbitTransport::connect(RABBIT_URL, &Broker::rabbit_queue(tag, name), name).await?;
-            consume(db, transport, name, group, expected).await
+            consume(db, transport, name, mode, expected).await
         }
         #[cfg(feature = "kafka")]
-        Broker::Kafka => consume(db, kafka::transport(&kafka::topic(tag), name)?, name, group, expected).await,
+        Broker::Kafka => consume(db, kafka::transport(&kafka::topic(tag), name)?, name, mode, expected).await,
     }
 }
 
@@ -241,25 +270,38 @@ async fn consume<T: Transport + 'static>(
     db: &DatabaseConnection,
     transport: T,
     name: &str,
-    group: bool,
+    mode: Mode,
     expected: u64,
 ) -> Result<(Run, u64)> {
-    let handler_db = db.clone();
-    let consumer_name = name.to_owned();
+    let (handler_db, consumer_name) = (db.clone(), name.to_owned());
     let backend = db.get_database_backend();
-    let handler = move |received: Received<OrderPlaced>| {
-        let (db, consumer_name) = (handler_db.clone(), consumer_name.clone());
-        async move {
-            let id = received.envelope.id.to_string();
-            let insert = effect(backend, &received.event);
-            outbox_seaorm::handle_once(&db, &consumer_name, &id, async |txn| txn.execute_raw(insert).await).await
+    let config = ConsumerConfig::default();
+    let consumer = match mode {
+        Mode::OneByOne => Consumer::new(name)?.with_config(config.with_group_size(1))?,
+        Mode::Grouped | Mode::Batched => {
+            Consumer::new(name)?.with_config(config)?.with_group_commit(SeaOrmGroupCommit::new(db.clone()))
         }
     };
-    let config = if group { ConsumerConfig::default() } else { ConsumerConfig::default().with_group_size(1) };
-    let mut consumer = Consumer::new(name)?.with_config(config)?.on::<OrderPlaced>(handler);
-    if group {
-        consumer = consumer.with_group_commit(SeaOrmGroupCommit::new(db.clone()));
-    }
+    let consumer = if mode == Mode::Batched {
+        consumer.on_batch::<OrderPlaced>(move |batch: Vec<Received<OrderPlaced>>| {
+            let (db, consumer_name) = (handler_db.clone(), consumer_name.clone());
+            async move {
+                outbox_seaorm::handle_batch_once(&db, &consumer_name, batch, async |txn, new| {
+                    txn.execute_raw(effects(backend, new.iter().map(|r| &r.event))).await.map(|_| ())
+                })
+                .await
+            }
+        })
+    } else {
+        consumer.on::<OrderPlaced>(move |received: Received<OrderPlaced>| {
+            let (db, consumer_name) = (handler_db.clone(), consumer_name.clone());
+            async move {
+                let id = received.envelope.id.to_string();
+                let insert = effects(backend, [&received.event]);
+                outbox_seaorm::handle_once(&db, &consumer_name, &id, async |txn| txn.execute_raw(insert).await).await
+            }
+        })
+    };
     let consumer = Arc::new(consumer);
     let shutdown = CancellationToken::new();
     let started = Instant::now();
@@ -286,13 +328,21 @@ async fn consume<T: Transport + 'static>(
     Ok((Run { done: stats.processed, secs, timed_out }, stats.groups))
 }
 
-/// The effect of one event.
-fn effect(backend: DbBackend, event: &OrderPlaced) -> Statement {
-    let sql = match backend {
-        DbBackend::Postgres => "INSERT INTO bench_effects (order_id, total_minor) VALUES ($1, $2)",
-        _ => "INSERT INTO bench_effects (order_id, total_minor) VALUES (?, ?)",
-    };
-    Statement::from_sql_and_values(backend, sql, [event.order_id.clone().into(), event.total_minor.into()])
+/// The effect of some events: one row each, in one statement.
+fn effects<'e>(backend: DbBackend, events: impl IntoIterator<Item = &'e OrderPlaced>) -> Statement {
+    let mut values = Vec::new();
+    let rows: Vec<String> = events
+        .into_iter()
+        .map(|event| {
+            values.extend([event.order_id.clone().into(), event.total_minor.into()]);
+            match backend {
+                DbBackend::Postgres => format!("(${}, ${})", values.len() - 1, values.len()),
+                _ => "(?, ?)".to_owned(),
+            }
+        })
+        .collect();
+    let sql = format!("INSERT INTO bench_effects (order_id, total_minor) VALUES {}", rows.join(", "));
+    Statement::from_sql_and_values(backend, sql, values)
 }
 
 /// Kafka for the scenario: a 3-partition topic per round, a publisher to it, and transports assigned every
