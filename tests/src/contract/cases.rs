@@ -40,7 +40,29 @@ pub async fn round_trip<F: Fixture>() {
 /// 1,000 events over 50 aggregates, 10 % of deliveries failing at random after writing their effect:
 /// every event applied exactly once, first applications in order per aggregate, nothing dead.
 pub async fn random_failures_keep_order<F: Fixture>() {
-    let Some((t, fx)) = begin::<F>("random_failures").await else { return };
+    random_failures::<F>("random_failures", "rf", |t, name, config, fail| counting_consumer(t, name, config, fail))
+        .await;
+}
+
+/// [`random_failures_keep_order`] with a batch handler (a group's messages in one call, one effect
+/// statement): a failing call rolls its group back and its messages run alone; still each event once, in
+/// order.
+pub async fn batch_handler_random_failures_keep_order<F: Fixture>() {
+    random_failures::<F>("batch_failures", "bf", |t, name, config, fail| {
+        counting_batch_consumer(t, name, config, fail)
+    })
+    .await;
+}
+
+/// Decides at random (10 %, a fixed seed) whether a delivery fails.
+type Fail = Box<dyn Fn(&Counted, u32) -> bool + Send + Sync>;
+
+async fn random_failures<F: Fixture>(
+    case: &str,
+    name: &str,
+    consumer: impl FnOnce(&TestDb, &str, ConsumerConfig, Fail) -> (Consumer, Applications),
+) {
+    let Some((t, fx)) = begin::<F>(case).await else { return };
     enqueue(&t, &counted_events(50, 20)).await;
     relay_all(&t, &fx, 1_000).await;
     let seed = std::sync::atomic::AtomicU64::new(0x9e37_79b9_7f4a_7c15);
@@ -53,11 +75,11 @@ pub async fn random_failures_keep_order<F: Fixture>() {
         x.is_multiple_of(10)
     };
     let config = fast_config().with_max_deliveries(1_000);
-    let (consumer, applied) = counting_consumer(&t, "rf", config, fail);
-    let running = Running::start(consumer, fx.transport("rf").await);
-    eventually(Duration::from_secs(120), "1000 effects", async || effects(&t, "rf").await.len() == 1_000).await;
+    let (consumer, applied) = consumer(&t, name, config, Box::new(fail));
+    let running = Running::start(consumer, fx.transport(name).await);
+    eventually(Duration::from_secs(120), "1000 effects", async || effects(&t, name).await.len() == 1_000).await;
     let stats = running.stop().await;
-    let unique: HashSet<_> = effects(&t, "rf").await.into_iter().collect();
+    let unique: HashSet<_> = effects(&t, name).await.into_iter().collect();
     assert_eq!(unique.len(), 1_000, "{}: each event applied once", F::NAME);
     assert!(stats.retried > 0, "{}: the failures were injected: {stats:?}", F::NAME);
     assert!(stats.group_rollbacks > 0, "{}: failures inside groups rolled them back: {stats:?}", F::NAME);

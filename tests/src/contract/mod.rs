@@ -273,14 +273,49 @@ pub fn counting_consumer(
             Ok::<_, String>(if first { outbox_seaorm::Handled::Processed } else { outbox_seaorm::Handled::Duplicate })
         }
     };
+    (grouped(t, name, config, &applications).on::<Counted>(handler), applications)
+}
+
+/// [`counting_consumer`] with a batch handler: `Consumer::on_batch` and `handle_batch_once`, one effect
+/// statement per call. `fail` is asked for each message of a call; a yes fails the whole call.
+pub fn counting_batch_consumer(
+    t: &TestDb,
+    name: &str,
+    config: ConsumerConfig,
+    fail: impl Fn(&Counted, u32) -> bool + Send + Sync + 'static,
+) -> (Consumer, Applications) {
+    let applications = Applications::default();
+    let (db, seen, consumer_name, fail) = (t.db.clone(), applications.clone(), name.to_owned(), Arc::new(fail));
+    let handler = move |batch: Vec<Received<Counted>>| {
+        let (db, seen, consumer_name, fail) = (db.clone(), seen.clone(), consumer_name.clone(), fail.clone());
+        async move {
+            if let Some(failing) = batch.iter().find(|r| fail(&r.event, r.delivery)) {
+                return Err(format!("injected failure of {} n={}", failing.event.item, failing.event.n));
+            }
+            let events: Vec<Counted> = batch.iter().map(|r| r.event.clone()).collect();
+            let outcomes = outbox_seaorm::handle_batch_once(&db, &consumer_name, batch, async |txn, new| {
+                let rows: Vec<String> =
+                    new.iter().map(|r| format!("('{consumer_name}', '{}', {})", r.event.item, r.event.n)).collect();
+                let sql = format!("INSERT INTO contract_effects (consumer, item, n) VALUES {}", rows.join(", "));
+                txn.execute_unprepared(&sql).await.map(|_| ())
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            for (event, outcome) in events.iter().zip(&outcomes) {
+                if outcome.is_processed() {
+                    seen.push(&event.item, event.n);
+                }
+            }
+            Ok::<_, String>(outcomes)
+        }
+    };
+    (grouped(t, name, config, &applications).on_batch::<Counted>(handler), applications)
+}
+
+/// A consumer named `name` committing in groups on `t`'s database, its applications tracked.
+fn grouped(t: &TestDb, name: &str, config: ConsumerConfig, applications: &Applications) -> Consumer {
     let group = TrackedGroup { db: SeaOrmGroupCommit::new(t.db.clone()), applications: applications.clone() };
-    let consumer = Consumer::new(name)
-        .expect("name")
-        .with_config(config)
-        .expect("config")
-        .with_group_commit(group)
-        .on::<Counted>(handler);
-    (consumer, applications)
+    Consumer::new(name).expect("name").with_config(config).expect("config").with_group_commit(group)
 }
 
 /// A consumer running in the background.
@@ -402,6 +437,7 @@ macro_rules! contract_suite {
         $crate::contract_suite!($fixture:
             round_trip,
             random_failures_keep_order,
+            batch_handler_random_failures_keep_order,
             poison_messages_are_dead_lettered,
             panicking_handler_then_replay,
             newer_version_waits_for_the_upgrade,
