@@ -313,6 +313,26 @@ async fn record_all(txn: &DatabaseTransaction, consumer: &str, ids: &[&str]) -> 
     let mut ids = ids.to_vec();
     ids.sort_unstable();
     ids.dedup();
+    let mut inserted = HashSet::new();
+    // Three bound values per row: chunks stay far below every backend's limit on bound values.
+    for chunk in ids.chunks(RECORD_CHUNK) {
+        match record_chunk(txn, consumer, chunk).await? {
+            Some(rows) => inserted.extend(rows),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(inserted))
+}
+
+/// Most inbox rows one statement writes.
+const RECORD_CHUNK: usize = 1000;
+
+/// [`record_all`] for sorted, distinct ids, at most [`RECORD_CHUNK`] of them.
+async fn record_chunk(
+    txn: &DatabaseTransaction,
+    consumer: &str,
+    ids: &[&str],
+) -> Result<Option<HashSet<String>>, DbErr> {
     let backend = txn.get_database_backend();
     let now = Utc::now().timestamp_millis();
     let message_ids = |rows: Vec<sea_orm::QueryResult>| -> Result<HashSet<String>, DbErr> {
@@ -322,7 +342,7 @@ async fn record_all(txn: &DatabaseTransaction, consumer: &str, ids: &[&str]) -> 
         DbBackend::MySql => {
             // No `RETURNING`: read which rows are there, then insert the others; a count that differs
             // means a row was committed in between.
-            let seen = key_statement(backend, "SELECT message_id FROM", consumer, &ids);
+            let seen = key_statement(backend, "SELECT message_id FROM", consumer, ids);
             let seen = message_ids(txn.query_all_raw(seen).await?)?;
             let fresh: Vec<&str> = ids.iter().copied().filter(|id| !seen.contains(*id)).collect();
             if !fresh.is_empty() {
@@ -335,7 +355,7 @@ async fn record_all(txn: &DatabaseTransaction, consumer: &str, ids: &[&str]) -> 
         }
         _ => {
             let tail = " ON CONFLICT DO NOTHING RETURNING message_id";
-            let insert = insert_statement(backend, "INSERT INTO", tail, consumer, &ids, now);
+            let insert = insert_statement(backend, "INSERT INTO", tail, consumer, ids, now);
             Ok(Some(message_ids(txn.query_all_raw(insert).await?)?))
         }
     }

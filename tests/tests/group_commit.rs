@@ -359,6 +359,45 @@ async fn a_batch_effect_runs_once_for_the_new_messages_only(t: TestDb) {
     assert!(again.iter().all(InboxOutcome::is_duplicate), "{t}: {again:?}");
 }
 
+/// A batch bigger than one statement could bind (3 values a row: 21,845 rows on PostgreSQL and MySQL) is
+/// recorded whole, 1,000 rows per statement: 25,000 messages, one effect with all of them, 25,000 inbox
+/// rows; handed again, every one is a duplicate.
+async fn a_batch_larger_than_one_inbox_statement_is_recorded_whole(t: TestDb) {
+    create_shop_tables(&t).await;
+    let batch: Vec<Received<OrderBilled>> = (0..25_000)
+        .map(|i| {
+            let event = OrderBilled { order_id: format!("o{i}"), total_minor: 100 };
+            let new = event.to_new_event().expect("event");
+            let envelope = outbox_seaorm::OutboxEvent {
+                seq: i + 1,
+                aggregate_version: 1,
+                id: new.id(),
+                aggregate_type: new.aggregate_type().to_owned(),
+                aggregate_id: new.aggregate_id().to_owned(),
+                event_type: new.event_type().to_owned(),
+                schema_version: new.schema_version(),
+                payload: new.payload_json().to_owned(),
+                headers: new.headers().clone(),
+                created_at: chrono::Utc::now(),
+                attempts: 0,
+                last_error: None,
+            };
+            Received { event, envelope, delivery: 1 }
+        })
+        .collect();
+    let outcomes = outbox_seaorm::handle_batch_once(&t.db, CONSUMER, batch.clone(), async |txn, new| {
+        assert_eq!(new.len(), 25_000, "{t}: every message is new");
+        invoice_all(txn, &new).await
+    });
+    let outcomes = outcomes.await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert!(outcomes.iter().all(InboxOutcome::is_processed), "{t}");
+    assert_eq!((count_inbox(&t, CONSUMER).await, count_table(&t, "invoices").await), (25_000, 25_000), "{t}");
+    let again = outbox_seaorm::handle_batch_once(&t.db, CONSUMER, batch, async |_, _| -> Result<(), DbErr> {
+        panic!("the effect of a batch of duplicates ran")
+    });
+    assert!(again.await.unwrap_or_else(|e| panic!("{t}: {e}")).iter().all(InboxOutcome::is_duplicate), "{t}");
+}
+
 /// A batch handler in groups: 40 orders, 10 of them delivered twice and 10 applied before, each group's
 /// invoices written in one statement; every order invoiced and recorded exactly once.
 async fn a_batch_handler_in_groups_applies_each_message_once(t: TestDb) {
@@ -411,6 +450,7 @@ async fn a_batch_handler_in_groups_applies_each_message_once(t: TestDb) {
 
 outbox_integration_tests::per_backend!(a_batch_effect_runs_once_for_the_new_messages_only, "batch_once");
 outbox_integration_tests::per_backend!(a_batch_handler_in_groups_applies_each_message_once, "batch_groups");
+outbox_integration_tests::per_backend!(a_batch_larger_than_one_inbox_statement_is_recorded_whole, "batch_large");
 outbox_integration_tests::per_backend!(a_failed_effect_is_undone_in_a_group_as_it_is_alone, "group_failed_effect");
 outbox_integration_tests::per_backend!(a_message_the_inbox_holds_is_a_duplicate_in_a_group, "group_seen");
 outbox_integration_tests::per_backend!(rows_no_handler_claimed_are_not_committed, "group_unclaimed");
