@@ -153,6 +153,39 @@ where
     Ok(matches!(outcome, InboxOutcome::Processed(())))
 }
 
+/// The batch handler: one `soak_applied` row per new event of `batch`, in one statement, at most once per
+/// event id (the inbox); the lag of each new one recorded.
+async fn apply_all(
+    db: &DatabaseConnection,
+    batch: Vec<Received<SoakEvent>>,
+    lags: &Lags,
+) -> Result<Vec<InboxOutcome<()>>, BoxError> {
+    let mut applied = Vec::new();
+    let outcomes = outbox_seaorm::handle_batch_once(db, CONSUMER, batch, async |txn, new| {
+        let mut values: Vec<Value> = Vec::with_capacity(new.len() * 3);
+        for received in &new {
+            let envelope = &received.envelope;
+            values.extend([envelope.id.to_string().into(), envelope.aggregate_id.clone().into()]);
+            values.push(envelope.aggregate_version.into());
+        }
+        let sql = format!(
+            "INSERT INTO soak_applied (event_id, aggregate_id, aggregate_version) VALUES {}",
+            placeholders(new.len(), 3)
+        );
+        txn.execute_raw(statement(txn.get_database_backend(), &sql, values)).await?;
+        applied = new.iter().map(|received| lag_ms(&received.envelope)).collect();
+        Ok::<_, sea_orm::DbErr>(())
+    })
+    .await?;
+    lags.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(applied);
+    Ok(outcomes)
+}
+
+/// Milliseconds from the event's enqueue to now.
+fn lag_ms(envelope: &outbox_seaorm::OutboxEvent) -> i64 {
+    (chrono::Utc::now() - envelope.created_at).num_milliseconds()
+}
+
 /// One consumer of the table broker: lane `lane`'s rows in insertion order until `stop`.
 pub async fn consume_table(db: DatabaseConnection, lane: i32, stop: CancellationToken) -> Result<(), SoakError> {
     let backend = db.get_database_backend();
@@ -234,7 +267,7 @@ pub async fn consume_broker(
     db: DatabaseConnection,
     url: &str,
     run_id: &str,
-    (consumers, group_size): (u32, usize),
+    (consumers, group_size, batch_handler): (u32, usize, bool),
     lags: Lags,
     stop: CancellationToken,
 ) -> Result<(), SoakError> {
@@ -251,8 +284,18 @@ pub async fn consume_broker(
     let consumer_done = CancellationToken::new();
     let flusher = tokio::spawn(flush_deliveries(db.clone(), deliveries.clone(), consumer_done.clone()));
     let recorded = deliveries.clone();
-    let consumer = Consumer::new(CONSUMER)?.with_config(config)?.with_group_commit(group).on::<SoakEvent>(
-        move |received: Received<SoakEvent>| {
+    let consumer = Consumer::new(CONSUMER)?.with_config(config)?.with_group_commit(group);
+    let consumer = if batch_handler {
+        consumer.on_batch::<SoakEvent>(move |batch: Vec<Received<SoakEvent>>| {
+            let (db, lags, recorded) = (db.clone(), lags.clone(), recorded.clone());
+            async move {
+                let ids = batch.iter().map(|received| received.envelope.id.to_string());
+                recorded.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(ids);
+                apply_all(&db, batch, &lags).await
+            }
+        })
+    } else {
+        consumer.on::<SoakEvent>(move |received: Received<SoakEvent>| {
             let (db, lags, recorded) = (db.clone(), lags.clone(), recorded.clone());
             async move {
                 let envelope = &received.envelope;
@@ -260,13 +303,12 @@ pub async fn consume_broker(
                 recorded.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event_id.clone());
                 let first = apply(&db, &event_id, &envelope.aggregate_id, envelope.aggregate_version).await?;
                 if first {
-                    let lag = (chrono::Utc::now() - envelope.created_at).num_milliseconds();
-                    lags.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(lag);
+                    lags.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(lag_ms(envelope));
                 }
                 Ok::<_, BoxError>(())
             }
-        },
-    );
+        })
+    };
     match BrokerKind::from_url(url)? {
         BrokerKind::Nats => {
             let transport = NatsTransport::connect(url, &names.name, CONSUMER, None).await?;

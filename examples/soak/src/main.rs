@@ -108,6 +108,10 @@ pub struct SoakArgs {
     /// alone). SQLite always uses 1.
     #[arg(long, default_value_t = 64)]
     pub group_size: usize,
+    /// With a real broker: apply with a batch handler (`Consumer::on_batch` + `handle_batch_once`, one
+    /// effect statement per call) instead of a handler per message.
+    #[arg(long)]
+    pub batch_handler: bool,
     /// Probability that the broker rejects an event (the relay retries it).
     #[arg(long, default_value_t = 0.0)]
     pub publish_fail_rate: f64,

@@ -195,10 +195,10 @@ async fn soak_in(args: &SoakArgs, target: &Target, run_id: &str) -> Result<bool,
             }
         }
         Some(url) => {
-            let (db, url, run_id, n, group, stop) =
-                (db.clone(), url.clone(), run_id.to_owned(), args.consumers, args.group_size, stop_consumers.clone());
+            let (db, url, run_id, stop) = (db.clone(), url.clone(), run_id.to_owned(), stop_consumers.clone());
+            let handling = (args.consumers, args.group_size, args.batch_handler);
             let lags = lags.clone();
-            consumers.spawn(async move { consume_broker(db, &url, &run_id, (n, group), lags, stop).await });
+            consumers.spawn(async move { consume_broker(db, &url, &run_id, handling, lags, stop).await });
         }
     }
 
