@@ -368,20 +368,7 @@ async fn a_batch_larger_than_one_inbox_statement_is_recorded_whole(t: TestDb) {
         .map(|i| {
             let event = OrderBilled { order_id: format!("o{i}"), total_minor: 100 };
             let new = event.to_new_event().expect("event");
-            let envelope = outbox_seaorm::OutboxEvent {
-                seq: i + 1,
-                aggregate_version: 1,
-                id: new.id(),
-                aggregate_type: new.aggregate_type().to_owned(),
-                aggregate_id: new.aggregate_id().to_owned(),
-                event_type: new.event_type().to_owned(),
-                schema_version: new.schema_version(),
-                payload: new.payload_json().to_owned(),
-                headers: new.headers().clone(),
-                created_at: chrono::Utc::now(),
-                attempts: 0,
-                last_error: None,
-            };
+            let envelope = outbox_seaorm::testkit::outbox_event(&new, i + 1, 1);
             Received { event, envelope, delivery: 1 }
         })
         .collect();
