@@ -74,11 +74,11 @@ where
 /// that a group's effects can be one statement instead of one per message.
 ///
 /// Records every message's inbox row (keyed by event id, as `#[idempotent_handler]` does) and runs the
-/// effect with the new ones (moved out of the batch), in batch order, in ONE transaction (a savepoint when `db` is already a
-/// transaction; inside a [`SeaOrmGroupCommit`], the group's, whose rows the group wrote ahead). Returns
-/// each message's outcome, in batch order: the messages seen before (or twice in the batch) are
-/// `Duplicate` and are not handed to the effect; when every message is one, the effect does not run. An
-/// effect error rolls back the effect and every inbox row of the batch.
+/// effect with the new ones (moved out of the batch), in batch order, in ONE transaction (a savepoint when
+/// `db` is already a transaction; inside a [`SeaOrmGroupCommit`], the group's, whose rows the group wrote
+/// ahead). Returns each message's outcome, in batch order: the messages seen before (or twice in the
+/// batch) are `Duplicate` and are not handed to the effect; when every message is one, the effect does
+/// not run. An effect error rolls back the effect and every inbox row of the batch.
 ///
 /// ```no_run
 /// # use outbox_seaorm::{DomainEvent, Received};
@@ -119,13 +119,13 @@ where
     };
     let unrecorded: Vec<&str> = ids.iter().zip(&new).filter(|(_, n)| n.is_none()).map(|(id, _)| id.as_str()).collect();
     if !unrecorded.is_empty() {
-        let mut inserted = match record_all(unit.txn(), consumer, &unrecorded).await {
-            Ok(Some(inserted)) => inserted,
-            Ok(None) => {
-                unit.roll_back().await;
-                let raced = DbErr::Custom("another delivery recorded a message of the batch meanwhile; retry".into());
-                return Err(store_error("record messages", "inbox_messages", backend, raced).into());
-            }
+        let recorded = record_all(unit.txn(), consumer, &unrecorded).await.and_then(|inserted| {
+            inserted.ok_or_else(|| {
+                DbErr::Custom("another delivery recorded a message of the batch meanwhile; retry".into())
+            })
+        });
+        let mut inserted = match recorded {
+            Ok(inserted) => inserted,
             Err(e) => {
                 unit.roll_back().await;
                 return Err(store_error("record messages", "inbox_messages", backend, e).into());

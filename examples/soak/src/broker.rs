@@ -165,8 +165,12 @@ async fn apply_all(
         let mut values: Vec<Value> = Vec::with_capacity(new.len() * 3);
         for received in &new {
             let envelope = &received.envelope;
-            values.extend([envelope.id.to_string().into(), envelope.aggregate_id.clone().into()]);
-            values.push(envelope.aggregate_version.into());
+            let row: [Value; 3] = [
+                envelope.id.to_string().into(),
+                envelope.aggregate_id.clone().into(),
+                envelope.aggregate_version.into(),
+            ];
+            values.extend(row);
         }
         let sql = format!(
             "INSERT INTO soak_applied (event_id, aggregate_id, aggregate_version) VALUES {}",

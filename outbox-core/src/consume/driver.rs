@@ -1,6 +1,7 @@
 //! The consume loop: fetch, lanes per aggregate, settle each message, shut down in order.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
@@ -263,21 +264,24 @@ impl<'a, T: Transport> Driver<'a, T> {
 
     /// One handler call, bounded by `handler_timeout`, timed.
     async fn attempt(&self, route: &dyn Route, event: OutboxEvent, delivery: u32) -> Attempt {
+        let event_type = event.event_type.clone();
+        self.bounded(&event_type, route.attempt(event, delivery)).await.unwrap_or_else(Attempt::Failed)
+    }
+
+    /// Runs one handler call (of one message or a batch) bounded by `handler_timeout`, and records its
+    /// duration; past the bound, the reason the call was abandoned.
+    async fn bounded<R>(&self, event_type: &str, call: impl Future<Output = R>) -> std::result::Result<R, String> {
         let started = Instant::now();
         let limit = self.consumer.config.handler_timeout;
-        let event_type = event.event_type.clone();
-        let attempt = match tokio::time::timeout(limit, route.attempt(event, delivery)).await {
-            Ok(attempt) => attempt,
+        let outcome = tokio::time::timeout(limit, call).await.map_err(|_| {
             // Dropping the call rolls back the transaction it had open.
-            Err(_) => {
-                Counters::add(&self.counters().timed_out);
-                Attempt::Failed(format!(
-                    "the handler did not finish within {limit:?} (handler_timeout); abandoned, its transaction rolled back"
-                ))
-            }
-        };
-        crate::metrics::handler_duration(&self.consumer.name, &event_type, started.elapsed());
-        attempt
+            Counters::add(&self.counters().timed_out);
+            format!(
+                "the handler did not finish within {limit:?} (handler_timeout); abandoned, its transaction rolled back"
+            )
+        });
+        crate::metrics::handler_duration(&self.consumer.name, event_type, started.elapsed());
+        outcome
     }
 
     /// Takes one message to its end: acked (applied, duplicate, skipped, dead-lettered) or released

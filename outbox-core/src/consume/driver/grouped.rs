@@ -2,7 +2,7 @@
 //! next to each other at once, the acks after the commit.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::Instrument as _;
 
@@ -164,17 +164,8 @@ impl<'a, T: Transport> Driver<'a, T> {
     async fn run_batch(&self, batch: Option<Batch<'_, T::Receipt>>, outcomes: &mut [Vec<Applied>]) -> bool {
         let Some(Batch { route, event_type, first, messages }) = batch else { return true };
         let (lanes, messages): (Vec<usize>, Vec<Decoded>) = messages.into_iter().unzip();
-        let started = Instant::now();
-        let limit = self.consumer.config.handler_timeout;
-        let call = tokio::time::timeout(limit, route.attempt_batch(messages)).instrument(self.process_span(first));
-        let handled = match call.await {
-            Ok(handled) => handled,
-            Err(_) => {
-                Counters::add(&self.counters().timed_out);
-                Err(format!("the batch handler did not finish within {limit:?} (handler_timeout); abandoned"))
-            }
-        };
-        crate::metrics::handler_duration(&self.consumer.name, &event_type, started.elapsed());
+        let call = self.bounded(&event_type, route.attempt_batch(messages)).instrument(self.process_span(first));
+        let handled = call.await.and_then(|handled| handled);
         match handled {
             Ok(handled) => {
                 for (lane, handled) in lanes.into_iter().zip(handled) {
