@@ -61,9 +61,20 @@ impl Sql {
     }
 }
 
+impl From<Sql> for Statement {
+    fn from(sql: Sql) -> Statement {
+        sql.build()
+    }
+}
+
 /// `(columns) IN ((…), (…))` for a list of tuples, each written by `write` as comma-separated binds: MySQL
 /// plans it as one index range per tuple.
-fn in_tuples<T>(sql: &mut Sql, columns: &str, items: impl IntoIterator<Item = T>, mut write: impl FnMut(&mut Sql, T)) {
+pub(crate) fn in_tuples<T>(
+    sql: &mut Sql,
+    columns: &str,
+    items: impl IntoIterator<Item = T>,
+    mut write: impl FnMut(&mut Sql, T),
+) {
     sql.push("(").push(columns).push(") IN (");
     sql.join(items, ", ", |sql, item| {
         sql.push("(");

@@ -173,6 +173,9 @@ async fn delete_batch<C: ConnectionTrait>(
     batch: u32,
 ) -> std::result::Result<u64, DbErr> {
     let mysql = conn.get_database_backend() == DbBackend::MySql;
+    if mysql && table != CleanupTable::Inbox {
+        return delete_outbox_batch_by_key(conn, table, cutoff_ms, batch).await;
+    }
     let mut delete = Query::delete();
     match table {
         CleanupTable::Outbox | CleanupTable::OutboxByAge => {
@@ -216,4 +219,43 @@ async fn delete_batch<C: ConnectionTrait>(
         }
     }
     Ok(conn.execute(&delete).await?.rows_affected())
+}
+
+/// MySQL: one batch of old outbox rows, found by a plain read (which locks nothing) and deleted by primary
+/// key. A `DELETE … ORDER BY seq LIMIT n` reads the primary key from the start and, in REPEATABLE READ,
+/// locks every row it passes: unpublished rows that relays hold (so the cleanup waited for their
+/// publishes) and, on a small table, the end of the table, where every enqueue inserts.
+async fn delete_outbox_batch_by_key<C: ConnectionTrait>(
+    conn: &C,
+    table: CleanupTable,
+    cutoff_ms: i64,
+    batch: u32,
+) -> std::result::Result<u64, DbErr> {
+    use crate::sql::Sql;
+    use crate::store::keyed;
+    let backend = conn.get_database_backend();
+    let old = |sql: &mut Sql| {
+        match table {
+            CleanupTable::OutboxByAge => sql.push("created_at_ms < ").bind(cutoff_ms),
+            _ => sql.push("published_at_ms IS NOT NULL AND published_at_ms < ").bind(cutoff_ms),
+        };
+    };
+    let mut find = Sql::new(backend);
+    find.push("SELECT seq FROM outbox_events WHERE ");
+    old(&mut find);
+    find.push(" ORDER BY seq LIMIT ").bind(i64::from(batch));
+    let seqs: Vec<i64> = conn
+        .query_all_raw(find.build())
+        .await?
+        .iter()
+        .map(|row| row.try_get::<i64>("", "seq"))
+        .collect::<std::result::Result<_, _>>()?;
+    let mut deleted = 0;
+    for chunk in keyed::chunks(backend, &seqs) {
+        let mut delete = Sql::new(backend);
+        keyed::write_delete(&mut delete, chunk, old);
+        deleted += conn.execute_raw(delete.build()).await?.rows_affected();
+    }
+    // A full batch read means there may be more, whatever another cleanup took meanwhile.
+    Ok(if seqs.len() == batch as usize { Ord::max(u64::from(batch), deleted) } else { deleted })
 }

@@ -20,7 +20,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, QueryResult};
+use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, QueryResult, Statement};
 
 use outbox_runtime::store::ClaimRequest;
 use outbox_runtime::{DeadLetterPolicy, EventId, Headers, OutboxEvent};
@@ -322,16 +322,16 @@ pub(super) async fn explain(
     Ok(plans)
 }
 
-fn explain_prefix(backend: DbBackend) -> &'static str {
+pub(super) fn explain_prefix(backend: DbBackend) -> &'static str {
     match backend {
         DbBackend::Sqlite => "EXPLAIN QUERY PLAN ",
         _ => "EXPLAIN ",
     }
 }
 
-async fn plan_lines(txn: &DatabaseTransaction, sql: Sql) -> Result<Vec<String>, DbErr> {
+pub(super) async fn plan_lines(txn: &DatabaseTransaction, sql: impl Into<Statement>) -> Result<Vec<String>, DbErr> {
     let backend = txn.get_database_backend();
-    let rows = txn.query_all_raw(sql.build()).await?;
+    let rows = txn.query_all_raw(sql.into()).await?;
     rows.iter()
         .map(|row| match backend {
             DbBackend::Postgres => row.try_get::<String>("", "QUERY PLAN"),

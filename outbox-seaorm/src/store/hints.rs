@@ -13,7 +13,7 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr};
 use crate::sql::{KeyedSelect, Sql};
 
 /// Aggregates per hint statement (4 bound values each).
-const HINTS_PER_STATEMENT: usize = 250;
+pub(super) const HINTS_PER_STATEMENT: usize = 250;
 
 /// What to set one aggregate's `due_at_ms` to, encoded for one upsert (`last_version`, `due_at_ms`):
 /// `(-1, t)` sets `t`; `(v, -d - 1)` clears it if `last_version = v` and `due_at_ms = d` still (a
@@ -173,28 +173,54 @@ pub(super) async fn write_hints<C: ConnectionTrait>(
 
 /// MySQL: the hints whose aggregate rows this transaction could lock (`SKIP LOCKED`: a writer's are left).
 async fn lock_free_rows<'h, C: ConnectionTrait>(txn: &C, hints: &'h [Hint]) -> Result<Vec<&'h Hint>, DbErr> {
+    let keys: Vec<(String, String)> =
+        hints.iter().map(|h| (h.aggregate_type.clone(), h.aggregate_id.clone())).collect();
+    let free: std::collections::HashSet<(String, String)> =
+        lock_free_aggregates(txn, &keys, "1 = 1").await?.into_iter().collect();
+    Ok(hints.iter().filter(|h| free.contains(&(h.aggregate_type.clone(), h.aggregate_id.clone()))).collect())
+}
+
+/// Locks the `outbox_aggregates` rows of `keys` that meet `filter` and no other transaction holds
+/// (`FOR UPDATE SKIP LOCKED`; SQLite's `BEGIN IMMEDIATE` holds them all), and returns their keys.
+pub(super) async fn lock_free_aggregates<C: ConnectionTrait>(
+    txn: &C,
+    keys: &[(String, String)],
+    filter: &str,
+) -> Result<Vec<(String, String)>, DbErr> {
     let mut lock = Sql::new(txn.get_database_backend());
+    write_lock_free_aggregates(&mut lock, keys, filter);
+    txn.query_all_raw(lock.build())
+        .await?
+        .iter()
+        .map(|row| Ok((row.try_get::<String>("", "aggregate_type")?, row.try_get::<String>("", "aggregate_id")?)))
+        .collect()
+}
+
+/// The statement of [`lock_free_aggregates`].
+pub(super) fn write_lock_free_aggregates(lock: &mut Sql, keys: &[(String, String)], filter: &str) {
+    let backend = lock.backend();
+    // By primary key, and with a column outside it: otherwise MariaDB scans the whole key on a small table
+    // and locks every aggregate (see `store/keyed.rs`).
     KeyedSelect {
-        select: "aggregate_type, aggregate_id",
-        table: "outbox_aggregates",
+        select: "aggregate_type, aggregate_id, last_version",
+        table: if backend == DbBackend::MySql {
+            "outbox_aggregates FORCE INDEX (PRIMARY)"
+        } else {
+            "outbox_aggregates"
+        },
         key_columns: &["aggregate_type", "aggregate_id"],
-        suffix: " FOR UPDATE SKIP LOCKED",
+        suffix: if backend == DbBackend::Sqlite { "" } else { " FOR UPDATE SKIP LOCKED" },
     }
     .write(
-        &mut lock,
-        hints,
-        |sql, h| {
-            sql.bind(h.aggregate_type.as_str()).push(", ").bind(h.aggregate_id.as_str());
+        lock,
+        keys,
+        |sql, (t, i)| {
+            sql.bind(t.as_str()).push(", ").bind(i.as_str());
         },
         |sql| {
-            sql.push("1 = 1");
+            sql.push(filter);
         },
     );
-    let mut free = std::collections::HashSet::new();
-    for row in txn.query_all_raw(lock.build()).await? {
-        free.insert((row.try_get::<String>("", "aggregate_type")?, row.try_get::<String>("", "aggregate_id")?));
-    }
-    Ok(hints.iter().filter(|h| free.contains(&(h.aggregate_type.clone(), h.aggregate_id.clone()))).collect())
 }
 
 /// For hints "after version `v`" (`due` set, `v >= 0`): the retry time of event `v + 1` where this

@@ -11,6 +11,7 @@
 
 mod claim;
 mod hints;
+pub(crate) mod keyed;
 
 use std::time::Duration;
 
@@ -43,8 +44,8 @@ use crate::sql::Sql;
 const TABLE: &str = "outbox_events";
 /// `last_error` keeps at most this many bytes of a publisher's message.
 const MAX_ERROR_BYTES: usize = 2000;
-/// Most failed rows marked by one `UPDATE` (see [`mark`]).
-const FAILURES_PER_UPDATE: usize = 1000;
+/// Most failed rows marked by one `UPDATE` (see [`mark`]; fewer than MySQL's limit of [`keyed`]).
+const FAILURES_PER_UPDATE: usize = keyed::SEQS_PER_STATEMENT;
 
 /// The outbox store over a SeaORM connection pool.
 #[derive(Clone, Debug)]
@@ -116,6 +117,18 @@ impl SeaOrmStore {
         Ok(plans)
     }
 
+    /// The plans the database chooses now for the statements that write or lock outbox rows and aggregates
+    /// by key outside the claim (the mark, the release, the lease stamp and fence, the hints, the
+    /// cleanup's re-arm and, on MySQL, its delete), each with as many keys as one statement takes: on
+    /// MySQL each must read its keys through the primary key (`type=range`), never scan it, since every
+    /// row it reads is locked there. Only `EXPLAIN`s run, in a transaction rolled back.
+    pub async fn lock_plans(&self) -> Result<Vec<ClaimPlan>> {
+        let txn = self.db.begin().await.map_err(self.err("begin explaining the locks"))?;
+        let plans = keyed::explain(&txn).await.map_err(self.err("explain the locks"))?;
+        txn.rollback().await.map_err(self.err("end explaining the locks"))?;
+        Ok(plans)
+    }
+
     fn backend(&self) -> DbBackend {
         self.db.get_database_backend()
     }
@@ -158,8 +171,8 @@ pub struct SeaOrmBatch {
 }
 
 enum Hold {
-    /// Rows locked by this open transaction.
-    Transaction(DatabaseTransaction),
+    /// Rows locked by this open transaction of `db`'s.
+    Transaction { txn: DatabaseTransaction, db: DatabaseConnection },
     /// Runs leased under this token: the lease is stamped on each run's head only (see [`run_heads`]).
     Lease { db: DatabaseConnection, token: String, heads: Vec<i64> },
     /// Nothing claimed.
@@ -208,20 +221,23 @@ impl OutboxStore for SeaOrmStore {
         let created = partitioned.then(|| created_range(&events));
         let hold = match request.mode {
             // A caller that did not go through `Relay::new` (which resolves `Auto`).
-            ClaimMode::Transaction | ClaimMode::Auto => Hold::Transaction(txn),
+            ClaimMode::Transaction | ClaimMode::Auto => Hold::Transaction { txn, db: self.db.clone() },
             ClaimMode::Lease { duration } => {
                 let token = Uuid::new_v4().to_string();
                 let lease_ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
                 let until_ms = request.now.timestamp_millis().saturating_add(lease_ms);
                 let heads = run_heads(&events);
-                let mut lease = Query::update();
-                lease
-                    .table(Entity)
-                    .value(Column::LeaseToken, token.clone())
-                    .value(Column::LeaseUntilMs, until_ms)
-                    .and_where(Expr::col(Column::Seq).is_in(heads.iter().copied()));
-                within(&mut lease, created);
-                txn.execute(&lease).await.map_err(self.err("lease a batch"))?;
+                let backend = self.backend();
+                for chunk in keyed::chunks(backend, &heads) {
+                    let mut lease = Query::update();
+                    lease
+                        .table(Entity)
+                        .value(Column::LeaseToken, token.clone())
+                        .value(Column::LeaseUntilMs, until_ms)
+                        .and_where(Expr::col(Column::Seq).is_in(chunk.iter().copied()));
+                    within(&mut lease, created);
+                    txn.execute_raw(keyed::update(backend, &lease)).await.map_err(self.err("lease a batch"))?;
+                }
                 txn.commit().await.map_err(self.err("commit a lease"))?;
                 Hold::Lease { db: self.db.clone(), token, heads }
             }
@@ -302,32 +318,63 @@ async fn set_aside(
     if rows.is_empty() {
         return Ok(0);
     }
-    let mut error = CaseStatement::new();
-    for row in rows {
-        error = error
-            .case(Expr::col(Column::Seq).eq(row.seq), Expr::val(truncate(&format!("undecodable row: {}", row.error))));
+    let backend = txn.get_database_backend();
+    let mut marked = 0;
+    for rows in rows.chunks(keyed::SEQS_PER_STATEMENT) {
+        let mut error = CaseStatement::new();
+        for row in rows {
+            error = error.case(
+                Expr::col(Column::Seq).eq(row.seq),
+                Expr::val(truncate(&format!("undecodable row: {}", row.error))),
+            );
+        }
+        let mut update = Query::update();
+        update
+            .table(Entity)
+            .value(Column::Attempts, Expr::col(Column::Attempts).add(1))
+            .value(Column::LastError, error)
+            .value(Column::DeadAtMs, now.timestamp_millis())
+            .value(Column::LeaseToken, Option::<String>::None)
+            .value(Column::LeaseUntilMs, Option::<i64>::None)
+            .and_where(Expr::col(Column::Seq).is_in(rows.iter().map(|r| r.seq)));
+        marked += txn.execute_raw(keyed::update(backend, &update)).await?.rows_affected();
     }
-    let mut update = Query::update();
-    update
-        .table(Entity)
-        .value(Column::Attempts, Expr::col(Column::Attempts).add(1))
-        .value(Column::LastError, error)
-        .value(Column::DeadAtMs, now.timestamp_millis())
-        .value(Column::LeaseToken, Option::<String>::None)
-        .value(Column::LeaseUntilMs, Option::<i64>::None)
-        .and_where(Expr::col(Column::Seq).is_in(rows.iter().map(|r| r.seq)));
-    Ok(txn.execute(&update).await?.rows_affected())
+    Ok(marked)
 }
 
-async fn rearm<C: ConnectionTrait>(conn: &C, now: DateTime<Utc>) -> std::result::Result<u64, DbErr> {
+async fn rearm(db: &DatabaseConnection, now: DateTime<Utc>) -> std::result::Result<u64, DbErr> {
+    let backend = db.get_database_backend();
     let now_ms = now.timestamp_millis();
-    let sql = format!(
-        "UPDATE outbox_aggregates SET due_at_ms = {now_ms} \
-         WHERE due_at_ms IS NULL AND EXISTS (SELECT 1 FROM outbox_events e \
+    let unhinted_with_work = "FROM outbox_aggregates WHERE due_at_ms IS NULL AND EXISTS (SELECT 1 FROM outbox_events e \
          WHERE e.aggregate_type = outbox_aggregates.aggregate_type AND e.aggregate_id = outbox_aggregates.aggregate_id \
-         AND e.published_at_ms IS NULL AND e.dead_at_ms IS NULL AND e.next_attempt_at_ms <= {now_ms})"
-    );
-    Ok(conn.execute_unprepared(&sql).await?.rows_affected())
+         AND e.published_at_ms IS NULL AND e.dead_at_ms IS NULL AND e.next_attempt_at_ms <= ";
+    if backend == DbBackend::Sqlite {
+        // One writer at a time, no row locks: one statement.
+        let sql = format!("UPDATE outbox_aggregates SET due_at_ms = {now_ms} {unhinted_with_work}{now_ms})");
+        return Ok(db.execute_unprepared(&sql).await?.rows_affected());
+    }
+    // A plain read finds them (it locks nothing; an `UPDATE … WHERE EXISTS` would lock every aggregate and
+    // outbox row it reads on MySQL, and wait for writers everywhere); each is then set by key, only if no
+    // writer holds it (a writer's enqueue sets the hint itself) and if it is still unset.
+    let find = format!("SELECT aggregate_type, aggregate_id {unhinted_with_work}{now_ms})");
+    let keys: Vec<(String, String)> = db
+        .query_all_raw(sea_orm::Statement::from_string(backend, find))
+        .await?
+        .iter()
+        .map(|row| Ok((row.try_get("", "aggregate_type")?, row.try_get("", "aggregate_id")?)))
+        .collect::<std::result::Result<_, DbErr>>()?;
+    let mut rearmed = 0;
+    for chunk in keys.chunks(hints::HINTS_PER_STATEMENT) {
+        let txn = db.begin().await?;
+        let free = hints::lock_free_aggregates(&txn, chunk, "due_at_ms IS NULL").await?;
+        if !free.is_empty() {
+            let mut update = Sql::new(backend);
+            keyed::write_rearm(&mut update, &free, now_ms);
+            rearmed += txn.execute_raw(update.build()).await?.rows_affected();
+        }
+        txn.commit().await?;
+    }
+    Ok(rearmed)
 }
 
 /// A transaction that will write. SQLite has no row locks: take the write lock up front, so two relays
@@ -373,18 +420,16 @@ async fn lock_held_heads(
     token: &str,
     created: Option<(i64, i64)>,
 ) -> std::result::Result<std::collections::HashSet<i64>, DbErr> {
-    let mut select = Query::select();
-    select
-        .column(Column::Seq)
-        .from(Entity)
-        .and_where(Expr::col(Column::Seq).is_in(heads))
-        .and_where(Expr::col(Column::LeaseToken).eq(token));
-    within(&mut select, created);
-    if txn.get_database_backend() != DbBackend::Sqlite {
-        select.lock(sea_orm::sea_query::LockType::Update);
+    let backend = txn.get_database_backend();
+    let mut held = std::collections::HashSet::new();
+    for chunk in keyed::chunks(backend, &heads) {
+        let mut select = Sql::new(backend);
+        keyed::write_lock_held_heads(&mut select, chunk, token, created);
+        for row in txn.query_all_raw(select.build()).await? {
+            held.insert(row.try_get::<i64>("", "seq")?);
+        }
     }
-    let rows = txn.query_all(&select).await?;
-    rows.iter().map(|row| row.try_get::<i64>("", "seq")).collect()
+    Ok(held)
 }
 
 /// The part of `outcome` on runs whose head this relay still holds, and how many published or failed rows
@@ -428,10 +473,11 @@ async fn mark<C: ConnectionTrait>(
     let now_ms = outcome.now.timestamp_millis();
     let mut report = MarkReport::default();
     let expected = (outcome.published.len() + outcome.failed.len()) as u64;
-    if !outcome.published.is_empty() {
-        let mut update = settle(outcome.published, created);
-        update.value(Column::PublishedAtMs, now_ms);
-        report.published = conn.execute(&update).await?.rows_affected();
+    let backend = conn.get_database_backend();
+    for chunk in keyed::chunks(backend, &outcome.published) {
+        let mut update = Sql::new(backend);
+        keyed::write_mark_published(&mut update, chunk, now_ms, created);
+        report.published += conn.execute_raw(update.build()).await?.rows_affected();
     }
     // Each failure binds up to 5 values (its seq in the IN list and in two CASEs, the error and the next
     // attempt). Backends cap the values of one statement (SQLite 32766, PostgreSQL and MySQL 65535), which a
@@ -454,7 +500,7 @@ async fn mark<C: ConnectionTrait>(
             if is_dead {
                 update.value(Column::DeadAtMs, now_ms);
             }
-            let marked = conn.execute(&update).await?.rows_affected();
+            let marked = conn.execute_raw(keyed::update(backend, &update)).await?.rows_affected();
             report.failed += marked;
             if is_dead {
                 report.dead += marked;
@@ -473,6 +519,12 @@ async fn mark_and_hint(
     created: Option<(i64, i64)>,
     hints: Vec<Hint>,
 ) -> std::result::Result<MarkReport, DbErr> {
+    if txn.get_database_backend() != DbBackend::Postgres {
+        // MySQL and SQLite: the mark in its own statements (chunked on MySQL, see `keyed`), then the hints.
+        let report = mark(txn, outcome, created).await?;
+        hints::write_hints(txn, hints, None).await?;
+        return Ok(report);
+    }
     let published = std::mem::take(&mut outcome.published);
     let now_ms = outcome.now.timestamp_millis();
     let mut report = mark(txn, outcome, created).await?;
@@ -480,18 +532,7 @@ async fn mark_and_hint(
         hints::write_hints(txn, hints, None).await?;
         return Ok(report);
     }
-    let set = |sql: &mut Sql| {
-        sql.push("UPDATE outbox_events SET published_at_ms = ")
-            .bind(now_ms)
-            .push(", lease_token = NULL, lease_until_ms = NULL WHERE seq IN (")
-            .join(&published, ", ", |sql, seq| {
-                sql.bind(*seq);
-            })
-            .push(")");
-        if let Some((first, last)) = created {
-            sql.push(" AND created_at_ms BETWEEN ").bind(first).push(" AND ").bind(last);
-        }
-    };
+    let set = |sql: &mut Sql| keyed::write_mark_published(sql, &published, now_ms, created);
     report.published = hints::write_hints(txn, hints, Some(&set)).await?;
     report.fenced += (published.len() as u64).saturating_sub(report.published);
     Ok(report)
@@ -547,45 +588,156 @@ impl ClaimedBatch for SeaOrmBatch {
 
     async fn complete(mut self, outcome: BatchOutcome) -> Result<MarkReport> {
         let hints = self.hints_after(&outcome);
-        match self.hold {
+        match std::mem::replace(&mut self.hold, Hold::Nothing) {
             Hold::Nothing => Ok(MarkReport::default()),
-            Hold::Transaction(txn) => {
+            Hold::Transaction { txn, db } => {
                 let backend = txn.get_database_backend();
-                let error = |operation| move |e| store_error(operation, TABLE, backend, e);
+                let published = outcome.published.clone();
+                let now_ms = outcome.now.timestamp_millis();
                 // Released rows hold only this transaction's row locks, which the commit lets go.
-                let report = mark_and_hint(&txn, outcome, self.created, hints).await.map_err(error("mark a batch"))?;
-                txn.commit().await.map_err(error("commit a batch"))?;
-                Ok(report)
+                let marked = match mark_and_hint(&txn, outcome, self.created, hints).await {
+                    Ok(report) => txn.commit().await.map(|()| report).map_err(|e| ("commit a batch", e)),
+                    Err(error) => {
+                        // Let go of the rows now: the retry below writes them.
+                        txn.rollback().await.ok();
+                        Err(("mark a batch", error))
+                    }
+                };
+                match marked {
+                    Ok(report) => Ok(report),
+                    // The broker has the published rows: record them again rather than publish them again.
+                    Err((operation, error)) => mark_published_again(&db, &published, now_ms, self.created, error)
+                        .await
+                        .map_err(|e| store_error(operation, TABLE, backend, e)),
+                }
             }
             Hold::Lease { db, token, heads } => {
                 let backend = db.get_database_backend();
-                let error = |operation| move |e| store_error(operation, TABLE, backend, e);
-                let txn = begin_writing(&db).await.map_err(error("begin a mark"))?;
-                let held =
-                    lock_held_heads(&txn, heads, &token, self.created).await.map_err(error("lock leased heads"))?;
-                let (mut outcome, fenced) = keep_held(&self.events, &held, outcome);
-                let released = std::mem::take(&mut outcome.released);
-                if !released.is_empty() {
-                    // Free the rest of a stopped run now rather than at lease expiry.
-                    txn.execute(&settle(released, self.created)).await.map_err(error("release leased rows"))?;
+                let mut attempt = 1;
+                loop {
+                    // The lease still keeps other relays off these runs, so a failed mark is tried again
+                    // whole (and fenced again, should the lease have passed meanwhile).
+                    match self.mark_leased(&db, &token, heads.clone(), outcome.clone(), hints.clone()).await {
+                        Ok(report) => return Ok(report),
+                        Err((operation, error)) if attempt >= MARK_ATTEMPTS => {
+                            return Err(store_error(operation, TABLE, backend, error));
+                        }
+                        Err((operation, error)) => {
+                            tracing::warn!(%error, attempt, "{operation} failed after publishing; trying the mark again");
+                            tokio::time::sleep(MARK_RETRY_WAIT * attempt).await;
+                            attempt += 1;
+                        }
+                    }
                 }
-                // With a run fenced, the relay that took it over writes the hints.
-                let mut report = if fenced == 0 {
-                    mark_and_hint(&txn, outcome, self.created, hints).await
-                } else {
-                    mark(&txn, outcome, self.created).await
-                }
-                .map_err(error("mark a leased batch"))?;
-                report.fenced += fenced;
+            }
+        }
+    }
+}
+
+/// How many times a mark that failed after the broker confirmed its rows is tried before the pass fails
+/// (and the rows, still unpublished in the table, go out again).
+const MARK_ATTEMPTS: u32 = 4;
+/// The wait before the second attempt of a mark, growing by as much for each later one.
+const MARK_RETRY_WAIT: Duration = Duration::from_millis(50);
+
+impl SeaOrmBatch {
+    /// One attempt at a lease-mode mark, in a transaction of its own: what failed, if it did.
+    async fn mark_leased(
+        &self,
+        db: &DatabaseConnection,
+        token: &str,
+        heads: Vec<i64>,
+        outcome: BatchOutcome,
+        hints: Vec<Hint>,
+    ) -> std::result::Result<MarkReport, (&'static str, DbErr)> {
+        let txn = begin_writing(db).await.map_err(|e| ("begin a mark", e))?;
+        match self.mark_leased_in(&txn, token, heads, outcome, hints).await {
+            Ok(report) => {
+                txn.commit().await.map_err(|e| ("commit a leased batch", e))?;
                 if report.fenced > 0 {
                     tracing::warn!(
                         fenced = report.fenced,
                         "lease expired and another relay took over; outcome not recorded"
                     );
                 }
-                txn.commit().await.map_err(error("commit a leased batch"))?;
                 Ok(report)
+            }
+            Err(error) => {
+                txn.rollback().await.ok();
+                Err(error)
             }
         }
     }
+
+    async fn mark_leased_in(
+        &self,
+        txn: &DatabaseTransaction,
+        token: &str,
+        heads: Vec<i64>,
+        outcome: BatchOutcome,
+        hints: Vec<Hint>,
+    ) -> std::result::Result<MarkReport, (&'static str, DbErr)> {
+        let backend = txn.get_database_backend();
+        let held = lock_held_heads(txn, heads, token, self.created).await.map_err(|e| ("lock leased heads", e))?;
+        let (mut outcome, fenced) = keep_held(&self.events, &held, outcome);
+        let released = std::mem::take(&mut outcome.released);
+        // Free the rest of a stopped run now rather than at lease expiry.
+        for chunk in keyed::chunks(backend, &released) {
+            let release = keyed::update(backend, &settle(chunk.to_vec(), self.created));
+            txn.execute_raw(release).await.map_err(|e| ("release leased rows", e))?;
+        }
+        // With a run fenced, the relay that took it over writes the hints.
+        let mut report = if fenced == 0 {
+            mark_and_hint(txn, outcome, self.created, hints).await
+        } else {
+            mark(txn, outcome, self.created).await
+        }
+        .map_err(|e| ("mark a leased batch", e))?;
+        report.fenced += fenced;
+        Ok(report)
+    }
+}
+
+/// After a transaction-mode mark failed (a deadlock, a lost connection at commit), with the claim's
+/// transaction and its locks gone: marks the rows the broker confirmed published in transactions of
+/// their own, up to [`MARK_ATTEMPTS`] times, so they are not published again. Only rows still unpublished
+/// are written (another relay may have claimed, published and marked them meanwhile; it published them
+/// again then, which only this narrow window allows). Failures are not recorded: those rows are tried
+/// again at once, their attempt not counted. The aggregates keep their hints, which a claim clears.
+async fn mark_published_again(
+    db: &DatabaseConnection,
+    published: &[i64],
+    now_ms: i64,
+    created: Option<(i64, i64)>,
+    first_error: DbErr,
+) -> std::result::Result<MarkReport, DbErr> {
+    let backend = db.get_database_backend();
+    tracing::warn!(error = %first_error, rows = published.len(), "a mark failed after publishing; marking the published rows again");
+    if published.is_empty() {
+        return Err(first_error);
+    }
+    for attempt in 1..MARK_ATTEMPTS {
+        tokio::time::sleep(MARK_RETRY_WAIT * attempt).await;
+        let marked = async {
+            let txn = begin_writing(db).await?;
+            let mut marked = 0;
+            for chunk in keyed::chunks(backend, published) {
+                let mut update = Sql::new(backend);
+                keyed::write_mark_published(&mut update, chunk, now_ms, created);
+                update.push(" AND published_at_ms IS NULL");
+                marked += txn.execute_raw(update.build()).await?.rows_affected();
+            }
+            txn.commit().await?;
+            Ok::<_, DbErr>(marked)
+        }
+        .await;
+        match marked {
+            Ok(marked) => {
+                tracing::info!(marked, attempt, "published rows marked after a failed mark");
+                return Ok(MarkReport { published: marked, ..MarkReport::default() });
+            }
+            Err(error) => tracing::warn!(%error, attempt, "marking published rows again failed"),
+        }
+    }
+    Err(first_error)
 }

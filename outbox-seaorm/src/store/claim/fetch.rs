@@ -25,8 +25,8 @@ const MYSQL_VERSION_INDEX: &str = "outbox_events FORCE INDEX (outbox_events_vers
 /// MySQL plans each key of a row-value `IN` list as its own index range.
 pub(super) const KEYS_PER_STATEMENT: usize = 250;
 
-/// Most primary keys in one `seq IN (…)` list (MySQL's locking reads).
-pub(super) const SEQS_PER_STATEMENT: usize = 1000;
+/// Most primary keys in one `seq IN (…)` list (MySQL's locking reads; see `store/keyed.rs`).
+pub(super) const SEQS_PER_STATEMENT: usize = crate::store::keyed::SEQS_PER_STATEMENT;
 
 /// Which rows to fetch.
 pub(super) enum Keys<'r> {
