@@ -215,6 +215,8 @@ async fn an_entry_held_by_a_live_consumer_is_not_claimed_by_another() {
     create_shop_tables(&t).await;
     let streams = Streams::new("keep-alive");
     let stream = streams.parcels();
+    // The group (and its stream) first: the publisher appends only to streams that exist.
+    drop(transport(REDIS_URL, &stream, "shipping", "setup").await);
     let publisher = RedisPublisher::connect(REDIS_URL, streams.destination()).await.expect("publisher");
     let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).unwrap();
     enqueue_committed(&t, &shipments(1, 3)).await;
@@ -376,13 +378,49 @@ async fn bad_stream_names_and_settings_are_config_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_for_a_stream_no_group_reads_stays_pending_until_a_consumer_creates_it() {
+    if !server_available("Redis", REDIS).await {
+        return;
+    }
+    let t = all_backends("redis_no_stream").await.remove(0);
+    create_shop_tables(&t).await;
+    let streams = Streams::new("no-stream");
+    let stream = streams.parcels();
+    let publisher = RedisPublisher::connect(REDIS_URL, streams.destination()).await.expect("publisher");
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), publisher, fast_config()).unwrap();
+    enqueue_committed(&t, &shipments(2, 6)).await;
+
+    // No consumer group, no stream: nothing is appended, nothing is marked published, the reason is given.
+    let pass = relay.run_once().await.expect("pass");
+    assert_eq!((pass.published, pass.failed), (0, 2), "{t}: the heads of both parcels failed: {pass:?}");
+    assert_eq!(xlen(&stream).await, 0, "{t}: no stream was created");
+    assert_eq!(count_unpublished(&t).await, 6, "{t}: every event still pending");
+    let row = common::outbox_rows(&t).await.into_iter().find(|row| row.last_error.is_some()).expect("a failed row");
+    let error = row.last_error.unwrap_or_default();
+    assert!(error.contains("does not exist") && error.contains(&stream), "{t}: {error}");
+
+    // The consumer creates its group and stream; the retries go out and are applied once each.
+    let running = Running::start(shipping(&t, None), transport(REDIS_URL, &stream, "shipping", "c1").await);
+    let later = chrono::Utc::now() + chrono::Duration::from_std(common::CAP).expect("cap");
+    while count_unpublished(&t).await > 0 {
+        relay.run_once_at(later).await.expect("pass");
+    }
+    wait_for_invoices(&t, 6).await;
+    let stats = running.stop().await;
+    assert_eq!(stats.processed, 6, "{t}: {stats:?}");
+    assert_eq!(xlen(&stream).await, 6, "{t}: each event appended once");
+    streams.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_no_replica_confirmed_is_not_reported_published() {
     if !server_available("Redis", REDIS).await {
         return;
     }
     let streams = Streams::new("replicas");
     // An entry Redis appended but no replica confirmed is not reported published.
-    let config = RedisPublisherConfig::default().with_min_replicas(1, Duration::from_millis(50));
+    let config =
+        RedisPublisherConfig::default().with_min_replicas(1, Duration::from_millis(50)).with_create_streams(true);
     let publisher = RedisPublisher::connect_with(REDIS_URL, streams.destination(), config).await.expect("publisher");
     let event = sample_event(serde_json::json!({"parcel_id": "r1", "n": 0}));
     let results = publisher.publish(&[event]).await;

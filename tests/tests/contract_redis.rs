@@ -57,6 +57,11 @@ impl Fixture for Redis {
     async fn setup(tag: &str) -> Self {
         let prefix = format!("outbox-ct:{tag}:{}:", uuid::Uuid::new_v4().simple());
         let stream = format!("{prefix}item");
+        // The stream exists before anything is published, as where a consumer has run (the publisher
+        // appends only to streams that exist): created with a group, which is then dropped.
+        let mut connection = raw().await;
+        let _: () = connection.xgroup_create_mkstream(&stream, "outbox-ct-setup", "0").await.expect("XGROUP CREATE");
+        let _: () = connection.xgroup_destroy(&stream, "outbox-ct-setup").await.expect("XGROUP DESTROY");
         let destination = Destination::fixed(&stream).expect("destination");
         let publisher =
             RedisPublisher::connect(REDIS_URL, destination).await.unwrap_or_else(|e| panic!("connect: {e}"));

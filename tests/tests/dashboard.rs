@@ -200,6 +200,18 @@ async fn wait_text(client: &Client, css: &str, expected: &str) {
     panic!("`{css}` still says {seen:?}, expected {expected:?}");
 }
 
+/// Waits until the page has an element matching `css` (its figures arrive after the page), failing after a
+/// minute.
+async fn wait_for(client: &Client, css: &str) {
+    for _ in 0..240 {
+        if has(client, css).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("no `{css}` on the page after a minute");
+}
+
 /// No script from the database ran on this page.
 async fn assert_inert(client: &Client, page: &str) {
     let ran = client
@@ -236,7 +248,7 @@ async fn what_the_page_shows_is_what_the_database_holds(t: TestDb) {
     assert_eq!((pending, dead), (3, 3), "{t}: the seed");
     // A first view answers at once and shows the figures as soon as the server has read them.
     wait_text(client, "#pending", &pending.to_string()).await;
-    assert_eq!(text(client, "#dead").await, dead.to_string(), "{t}");
+    wait_text(client, "#dead", &dead.to_string()).await;
     let mut shown = BTreeMap::new();
     for row in client.find_all(Locator::Css("#by-aggregate-type tbody tr")).await.expect("rows") {
         let cells = row.find_all(Locator::Css("td")).await.expect("cells");
@@ -248,8 +260,9 @@ async fn what_the_page_shows_is_what_the_database_holds(t: TestDb) {
         shown.insert(texts[0].clone(), (number(1), number(2)));
     }
     assert_eq!(shown, expected, "{t}: the table per aggregate type");
-    assert!(has(client, "#behind").await, "{t}: the aggregates most behind");
-    assert!(!has(client, "button.action").await && has(client, "#read-only").await, "{t}: read-only");
+    wait_for(client, "#behind").await;
+    wait_for(client, "#read-only").await;
+    assert!(!has(client, "button.action").await, "{t}: read-only");
     assert_inert(client, "the overview").await;
     let shots = screenshot_dir();
     std::fs::write(shots.join(format!("{t}-overview.png")), client.screenshot().await.expect("screenshot"))
@@ -260,7 +273,7 @@ async fn what_the_page_shows_is_what_the_database_holds(t: TestDb) {
     wait_text(client, "#pending", "4").await;
 
     client.goto(&format!("{url}/dead")).await.expect("open the dead events");
-    assert_eq!(text(client, "#dead-count").await, "3", "{t}");
+    wait_text(client, "#dead-count", "3").await;
     assert_eq!(client.find_all(Locator::Css("#dead-rows tbody tr")).await.expect("rows").len(), 3, "{t}");
     let errors = text(client, "#dead-rows").await;
     assert!(errors.contains(XSS_ERROR), "{t}: the error is shown as text: {errors}");
@@ -419,14 +432,15 @@ async fn consumer_dead_letters_are_counted_found_replayed_and_discarded() {
     let t = contract::case_db("dash_letters").await;
     let stream = format!("outbox-dash:{}", &EventId::new().to_string().replace('-', "")[..16]);
 
-    // A real consumer dead-letters the first event of it1, it2 and it3 (two failed deliveries each).
+    // A real consumer dead-letters the first event of it1, it2 and it3 (two failed deliveries each). Its
+    // transport creates the group and the stream, which the publisher then appends to.
+    let transport = RedisTransport::connect(REDIS, &stream, CONSUMER, "c-1").await.expect("transport");
     let publisher =
         RedisPublisher::connect(REDIS, Destination::fixed(&stream).expect("stream")).await.expect("connect");
     contract::enqueue(&t, &contract::counted_events(4, 2)).await;
     contract::relay_until_published(&t, publisher, 8).await;
     let config = contract::fast_config().with_max_deliveries(2);
     let (consumer, _) = contract::counting_consumer(&t, CONSUMER, config.clone(), |e, _| e.n == 0 && e.item != "it0");
-    let transport = RedisTransport::connect(REDIS, &stream, CONSUMER, "c-1").await.expect("transport");
     let running = Running::start(consumer, transport);
     contract::eventually(Duration::from_secs(90), "5 effects and 3 dead letters", async || {
         contract::effects(&t, CONSUMER).await.len() == 5 && running.stats().dead_lettered == 3
@@ -494,7 +508,7 @@ async fn consumer_dead_letters_are_counted_found_replayed_and_discarded() {
     wait_text(client, "#changed", "2").await;
     assert_eq!(letters_at_the_broker(&stream).await, 0, "{t}: the discarded letters are gone");
     client.goto(&url).await.expect("the overview again");
-    assert_eq!(text(client, "#letters td[data-source='0']").await, "0", "{t}: none left");
+    wait_text(client, "#letters td[data-source='0']", "0").await;
     client.clone().close().await.ok();
 
     let redis = redis::Client::open(REDIS).expect("client");

@@ -4,7 +4,8 @@
 //! pass or another relay; here every event must arrive exactly once, in order per aggregate, and every
 //! writer's transaction must commit.
 //!
-//! `OUTBOX_NO_FAULT_RUNS` sets the runs per relay count (default 10).
+//! `OUTBOX_NO_FAULT_RUNS` sets the runs per relay count (default 10), `OUTBOX_NO_FAULT_TRANSACTIONS` each
+//! writer's transactions per run (default 40).
 
 mod common;
 
@@ -17,7 +18,6 @@ use outbox_seaorm::{CancellationToken, InMemoryPublisher, NewEvent, Relay, Relay
 use sea_orm::{ConnectionTrait, TransactionTrait};
 
 const WRITERS: u64 = 8;
-const TRANSACTIONS_PER_WRITER: u64 = 40;
 const AGGREGATES: u64 = 200;
 const BATCH: u32 = 100;
 
@@ -25,9 +25,13 @@ fn runs() -> usize {
     std::env::var("OUTBOX_NO_FAULT_RUNS").ok().and_then(|runs| runs.parse().ok()).unwrap_or(10)
 }
 
+fn transactions_per_writer() -> u64 {
+    std::env::var("OUTBOX_NO_FAULT_TRANSACTIONS").ok().and_then(|n| n.parse().ok()).unwrap_or(40)
+}
+
 /// Writer `w`'s transaction `i`: one to four events of aggregates spread over all 200.
 fn transaction_events(run: usize, w: u64, i: u64) -> Vec<NewEvent> {
-    let n = w * TRANSACTIONS_PER_WRITER + i;
+    let n = w * transactions_per_writer() + i;
     (0..1 + n % 4)
         .map(|k| {
             let aggregate = (n * 7 + k * 13) % AGGREGATES;
@@ -59,7 +63,7 @@ async fn one_run(t: &TestDb, run: usize, relay_count: usize) -> u64 {
         writers.push(tokio::spawn(async move {
             let mut committed = 0u64;
             let mut failures = Vec::new();
-            for i in 0..TRANSACTIONS_PER_WRITER {
+            for i in 0..transactions_per_writer() {
                 let events = transaction_events(run, w, i);
                 let written = async {
                     let txn = db.begin().await?;
@@ -111,6 +115,9 @@ async fn one_run(t: &TestDb, run: usize, relay_count: usize) -> u64 {
 }
 
 async fn relays_without_faults_publish_each_event_exactly_once(t: TestDb) {
+    if t.backend == sea_orm::DbBackend::Sqlite && std::env::var("OUTBOX_SQLITE_WAL").is_ok() {
+        t.db.execute_unprepared("PRAGMA journal_mode=WAL").await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    }
     for relay_count in [2, 4] {
         let mut events = 0;
         for run in 0..runs() {

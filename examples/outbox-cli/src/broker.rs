@@ -11,9 +11,11 @@ pub struct BrokerArgs {
     /// The broker: nats://, kafka://, amqp:// (RabbitMQ) or redis:// (never printed with its password).
     #[arg(long, env = "OUTBOX_BROKER", hide_env_values = true)]
     pub broker: String,
-    /// Where each event goes: a template over {aggregate_type}, {aggregate_id}, {event_type}, {version}.
-    #[arg(long, env = "OUTBOX_DESTINATION", default_value = outbox_seaorm::broker::DEFAULT_DESTINATION)]
-    destination: String,
+    /// Where each event goes: a template over {aggregate_type}, {aggregate_id}, {event_type}, {version}
+    /// (the subject, routing key or topic; the stream key on Redis). Default {event_type}; required with a
+    /// Redis broker, where it names the stream your consumers read.
+    #[arg(long, env = "OUTBOX_DESTINATION")]
+    destination: Option<String>,
     /// RabbitMQ: the exchange to publish to.
     #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox")]
     exchange: String,
@@ -28,17 +30,33 @@ pub struct BrokerArgs {
     nats_subjects: Vec<String>,
 }
 
-/// The broker's kind, checked before anything connects (a bad URL is fatal; an unreachable broker is not).
+/// The broker's kind, checked before anything connects (a bad URL or destination is fatal; an unreachable
+/// broker is not).
 pub fn kind(args: &BrokerArgs) -> outbox_seaorm::Result<BrokerKind> {
     let kind = BrokerKind::from_url(&args.broker)?;
-    Destination::parse(&args.destination)?;
+    destination(args, kind)?;
     Ok(kind)
+}
+
+/// The destination template: `--destination`, or the default where the broker refuses an event it cannot
+/// route (NATS without a stream, RabbitMQ without a bound queue, a Kafka topic). Redis creates any stream an
+/// `XADD` names, so there the default would send events where no consumer reads (the publisher appends only
+/// to existing streams, and events would wait): the command asks for the stream instead.
+fn destination(args: &BrokerArgs, kind: BrokerKind) -> outbox_seaorm::Result<Destination> {
+    match (&args.destination, kind) {
+        (Some(template), _) => Destination::parse(template),
+        (None, BrokerKind::Redis) => Err(outbox_seaorm::Error::invalid_config(
+            "--destination (OUTBOX_DESTINATION)",
+            "is required with a Redis broker: name the stream your consumers read, e.g. --destination \
+             'orders' or 'outbox:{aggregate_type}'",
+        )),
+        (None, _) => Destination::parse(outbox_seaorm::broker::DEFAULT_DESTINATION),
+    }
 }
 
 /// Connects once; the caller retries while the broker is down.
 pub async fn connect(args: &BrokerArgs) -> outbox_seaorm::Result<AnyPublisher> {
-    let destination = Destination::parse(&args.destination)?;
-    kind(args)?;
+    let destination = destination(args, kind(args)?)?;
     let publisher = AnyPublisher::connect_to_exchange(&args.broker, &args.exchange, destination).await?;
     match &publisher {
         AnyPublisher::Nats(publisher) => {

@@ -119,6 +119,7 @@ pub struct RelayArgs {
 
 /// Runs the relay until a signal (refuses a database that is read-only or not migrated).
 pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError> {
+    let kind = broker::kind(&args.broker)?;
     ready_to_write(&db).await?;
     let mut relay = args.shape.config().with_batch_size(args.batch_size).with_poll_interval(args.poll_interval);
     if args.skip_dead {
@@ -142,7 +143,6 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
         ..ServiceConfig::default()
     };
     config.validate()?;
-    let kind = broker::kind(&args.broker)?;
     if args.status_interval.is_zero() {
         return Err(CliError::Refused("--status-interval is zero; expected e.g. 60s".to_owned()));
     }

@@ -221,7 +221,7 @@ async fn check_reports_a_read_only_database_and_relay_refuses_it() {
     let (admin, url) = read_only_database(&name).await.expect("again");
     let relay = outbox()
         .env("DATABASE_URL", &url)
-        .args(["relay", "--broker", "redis://127.0.0.1:6379"])
+        .args(["relay", "--broker", "redis://127.0.0.1:6379", "--destination", "outbox-cli-test:read-only"])
         .output()
         .expect("run outbox");
     drop_database_after(&admin, &name, || {
@@ -240,12 +240,28 @@ async fn drop_database_after(admin: &sea_orm::DatabaseConnection, name: &str, as
     }
 }
 
+/// Creates a consumer group on `stream` (and the stream) where Redis answers, as a consumer would before the
+/// relay runs: the relay appends only to streams that exist.
+fn create_consumer_group(url: &str, stream: &str) {
+    use outbox_seaorm::brokers::redis::redis;
+    // A test of a broker that is down has nothing to create.
+    let Ok(mut connection) = redis::Client::open(url).and_then(|c| c.get_connection()) else { return };
+    let created: redis::RedisResult<()> =
+        redis::cmd("XGROUP").arg("CREATE").arg(stream).arg("billing").arg("0").arg("MKSTREAM").query(&mut connection);
+    if let Err(e) = created {
+        assert_eq!(e.code(), Some("BUSYGROUP"), "XGROUP CREATE {stream}: {e}");
+    }
+}
+
 /// Kills the child when a test fails before stopping it.
 fn spawn_relay(t: &TestDb, broker: &str, stream: &str) -> Running {
     spawn_relay_with(t, broker, stream, &[])
 }
 
 fn spawn_relay_with(t: &TestDb, broker: &str, stream: &str, more: &[&str]) -> Running {
+    if broker.starts_with("redis://") {
+        create_consumer_group(broker, stream);
+    }
     let (url, extra) = target(t);
     let child = outbox()
         .env("DATABASE_URL", url)
@@ -284,6 +300,21 @@ async fn the_relay_publishes_and_stops_cleanly_on_sigterm(t: TestDb) {
     assert!(text(&output).contains("stopping"), "{t}: {}", text(&output));
 }
 per_backend!(the_relay_publishes_and_stops_cleanly_on_sigterm, "cli_relay_sigterm");
+
+#[test]
+fn a_redis_relay_without_a_destination_refuses_to_start() {
+    // Redis creates any stream an XADD names: the default `{event_type}` would send events where no
+    // consumer reads, so the command asks for the stream instead of guessing.
+    let relay = outbox()
+        .env("DATABASE_URL", "sqlite::memory:")
+        .env_remove("OUTBOX_DESTINATION")
+        .args(["relay", "--broker", "redis://127.0.0.1:6379"])
+        .output()
+        .expect("run outbox");
+    assert!(!relay.status.success(), "the relay started without a destination: {}", text(&relay));
+    let message = text(&relay);
+    assert!(message.contains("--destination") && message.contains("required with a Redis broker"), "{message}");
+}
 
 async fn the_relay_takes_a_list_of_nats_servers_and_skips_one_that_is_down(t: TestDb) {
     if t.backend != DbBackend::Sqlite {
@@ -394,6 +425,8 @@ async fn relay_dashboard_shows_its_relay_and_refuses_actions_without_the_token(t
             "relay",
             "--broker",
             "redis://127.0.0.1:6379",
+            "--destination",
+            "outbox-cli-test:token",
             "--http",
             "127.0.0.1:1",
             "--dashboard",

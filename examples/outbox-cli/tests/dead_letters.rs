@@ -109,6 +109,8 @@ impl Broker for Redis {
 
     async fn setup() -> Self {
         let stream = unique("outbox-clidl:");
+        // The consumer's group and stream first: the publisher appends only to streams that exist.
+        RedisTransport::connect(REDIS_URL, &stream, CONSUMER, "dl-setup").await.expect("transport");
         let publisher =
             RedisPublisher::connect(REDIS_URL, Destination::fixed(&stream).expect("stream")).await.expect("connect");
         Redis { publisher, stream }

@@ -109,6 +109,7 @@ pub async fn connect_publisher(url: &str, run_id: &str, setup: bool) -> Result<A
             publisher.declare_exchange(&names.name).await?;
             publisher.declare_queue(&names.name, &names.name, "soak.#").await?;
         }
+        AnyPublisher::Redis(_) if setup => create_redis_stream(url, &names.name).await?,
         _ => {}
     }
     Ok(publisher)
@@ -387,4 +388,21 @@ mod tests {
         assert_eq!(lanes.len(), 4);
         assert_eq!(lane("agg-7", 1), 0);
     }
+}
+
+/// Creates the run's Redis stream, empty, before any relay publishes (the publisher appends only to
+/// streams that exist; the consumers' groups read it from its start).
+async fn create_redis_stream(url: &str, stream: &str) -> Result<(), SoakError> {
+    use outbox_seaorm::brokers::redis::redis::{self, AsyncCommands};
+    let redis_error = |e: redis::RedisError| SoakError::Setup(format!("create the Redis stream {stream}: {e}"));
+    let mut connection =
+        redis::Client::open(url).map_err(redis_error)?.get_multiplexed_async_connection().await.map_err(redis_error)?;
+    let created: redis::RedisResult<()> = connection.xgroup_create_mkstream(stream, "soak-setup", "0").await;
+    match created {
+        Ok(()) => {}
+        Err(e) if e.code() == Some("BUSYGROUP") => {}
+        Err(e) => return Err(redis_error(e)),
+    }
+    let _: () = connection.xgroup_destroy(stream, "soak-setup").await.map_err(redis_error)?;
+    Ok(())
 }

@@ -49,6 +49,9 @@ pub enum SoakError {
     /// The command line asked for something the tool cannot do.
     #[error("{0}")]
     Usage(String),
+    /// The broker's topology could not be set up.
+    #[error("{0}")]
+    Setup(String),
 }
 
 impl SoakError {

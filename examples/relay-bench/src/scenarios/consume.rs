@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport};
 use outbox_seaorm::brokers::rabbitmq::{DEFAULT_ROUTING_KEY, RabbitPublisher, RabbitTransport};
-use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport};
+use outbox_seaorm::brokers::redis::{RedisPublisher, RedisPublisherConfig, RedisTransport};
 use outbox_seaorm::consume::Transport;
 use outbox_seaorm::{
     CancellationToken, Consumer, ConsumerConfig, Destination, DomainEvent, Publisher, Received, SeaOrmGroupCommit,
@@ -194,7 +194,9 @@ async fn relay(ctx: &Ctx, broker: &str, tag: &str, expected: u64) -> Result<(Run
         }
         "Redis Streams" => {
             let destination = Destination::fixed(&Broker::redis_stream(tag)).context("destination")?;
-            let publisher = RedisPublisher::connect(REDIS_URL, destination).await?;
+            // The groups are created after the drain: let the first `XADD` create the stream.
+            let config = RedisPublisherConfig::default().with_create_streams(true);
+            let publisher = RedisPublisher::connect_with(REDIS_URL, destination, config).await?;
             Ok((drain(ctx, publisher, expected).await?, Broker::Redis))
         }
         #[cfg(feature = "kafka")]

@@ -82,6 +82,14 @@ pub struct RedisPublisherConfig {
     pub connect_timeout: Duration,
     /// Time allowed for Redis to answer a batch (default 5 s); keep it below the relay's `publish_timeout`.
     pub response_timeout: Duration,
+    /// Whether an `XADD` may create its stream (default `false`). Redis creates a missing stream silently,
+    /// so an event sent to a key no consumer group reads (a destination template that renders another key
+    /// than the consumers', a typo) would count as published and never be read. By default the publisher
+    /// appends only to streams that exist (`XADD … NOMKSTREAM`; a consumer's transport creates its stream
+    /// with its group), and a missing stream fails the event transiently: it stays pending, the relay logs
+    /// why and retries it with backoff, and it goes out once a consumer has created the group (which reads
+    /// from the stream's start). Set it for streams that are meant to be created by the first event.
+    pub create_streams: bool,
 }
 
 impl Default for RedisPublisherConfig {
@@ -93,6 +101,7 @@ impl Default for RedisPublisherConfig {
             replica_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(5),
+            create_streams: false,
         }
     }
 }
@@ -127,6 +136,13 @@ impl RedisPublisherConfig {
     /// Sets [`response_timeout`](Self::response_timeout).
     pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// Lets an `XADD` create a missing stream: see [`create_streams`](Self::create_streams) for why that is
+    /// off by default.
+    pub fn with_create_streams(mut self, create: bool) -> Self {
+        self.create_streams = create;
         self
     }
 

@@ -35,6 +35,11 @@
 //!   only for an entry Redis appended (and, with [`RedisPublisherConfig::min_replicas`], replicated).
 //!   Redis has no server-side dedup: an event whose confirmation was lost is appended again, and the
 //!   consumer's inbox drops the duplicate.
+//! - **No new streams by default.** Redis creates a missing stream on `XADD`, so an event sent where no
+//!   consumer group reads would count as published and never be read. The publisher appends only to
+//!   streams that exist (`NOMKSTREAM`; a consumer's transport creates its stream with its group): an event
+//!   for a missing stream stays pending and is retried, with a warning that names the stream and the
+//!   template. [`RedisPublisherConfig::create_streams`] turns this off.
 //! - **No trimming by default.** Redis 7.0 can trim a stream only by length or id, not "what every group
 //!   acknowledged", so [`RedisPublisherConfig::max_len`] is off unless you opt in, and then it can delete
 //!   entries no consumer group has read: lost events. See there.

@@ -18,9 +18,9 @@ use super::link::Link;
 /// Reports an event `Ok` only once Redis answered its `XADD` with the new entry id. A payload over
 /// [`RedisPublisherConfig::max_payload_bytes`], a stream key that is empty or longer than
 /// [`MAX_STREAM_KEY_LEN`](super::MAX_STREAM_KEY_LEN), or a key that holds something other than a stream
-/// (`WRONGTYPE`) fails permanently; everything else (connection lost, timeout, out of memory, read-only
-/// replica) fails
-/// transiently and the relay retries it.
+/// (`WRONGTYPE`) fails permanently; a stream that does not exist (unless
+/// [`RedisPublisherConfig::create_streams`]) and everything else (connection lost, timeout, out of memory,
+/// read-only replica) fails transiently and the relay retries it.
 ///
 /// Cheap to clone (clones share the connection).
 #[derive(Clone)]
@@ -87,6 +87,9 @@ impl RedisPublisher {
         }
         let mut cmd = ::redis::cmd("XADD");
         cmd.arg(&key);
+        if !self.config.create_streams {
+            cmd.arg("NOMKSTREAM");
+        }
         if let Some(max_len) = self.config.max_len {
             cmd.arg("MAXLEN").arg("~").arg(max_len);
         }
@@ -175,6 +178,20 @@ impl RedisPublisher {
                     } else {
                         Err(PublishError::transient(message))
                     }
+                }
+                Value::Nil => {
+                    tracing::warn!(
+                        messaging.destination.name = %key,
+                        event_id = %event.id,
+                        "the stream does not exist, so no consumer group reads it; the event stays pending"
+                    );
+                    Err(PublishError::transient(format!(
+                        "stream {key:?} does not exist, so no consumer group reads it: the event was not \
+                         published (XADD NOMKSTREAM). Start its consumer (which creates the stream with its \
+                         group), point the destination template {:?} at the stream your consumers read, or let \
+                         the publisher create streams (RedisPublisherConfig::with_create_streams)",
+                        self.destination.template()
+                    )))
                 }
                 other => Err(PublishError::transient(format!("XADD to stream {key:?} was answered {other:?}"))),
             };
