@@ -4,8 +4,10 @@
 //! next gapless `aggregate_version`s and keeps that row locked until the caller commits. Two transactions
 //! writing one aggregate therefore commit in version order, and the relay publishes in version order: the
 //! first deliveries of an aggregate follow the order in which its events committed, whoever wrote them.
-//! The lock is taken in aggregate-key order within one call; a transaction that enqueues into several
-//! aggregates in several calls should keep a consistent order (or emit them together) to avoid deadlocks.
+//! The locks are taken in byte order of `(aggregate_type, aggregate_id)` within one call, on every
+//! database (PostgreSQL's `COLLATE "C"`), the order docs/foreign-writers.md asks plain-SQL writers of many
+//! rows to keep; a transaction that enqueues into several aggregates in several calls should call them in
+//! that order too (or emit them together), or it can deadlock with another writer and be rolled back.
 
 use std::collections::BTreeMap;
 
@@ -62,13 +64,25 @@ pub async fn enqueue_all<C: ConnectionTrait + TransactionTrait>(conn: &C, events
                 Err(e) => Err(e),
             },
         };
-        written.map_err(|e| store_error("enqueue events", "outbox_events", backend, e))?;
+        written.map_err(|e| store_error(enqueue_operation(backend, &e), "outbox_events", backend, e))?;
     }
     if !events.is_empty() {
         // Best effort inside a caller's transaction (see `enqueue`): exact through a plain connection.
         outbox_runtime::wake_relays();
     }
     Ok(events.iter().map(NewEvent::id).collect())
+}
+
+/// What failed, for the error: on SQLite a refused write lock says which transactions it happens to.
+fn enqueue_operation(backend: DbBackend, error: &DbErr) -> &'static str {
+    let busy = error.to_string().contains("database is locked");
+    if backend == DbBackend::Sqlite && busy {
+        "enqueue events (SQLite refused the write lock: the transaction read before it wrote while another \
+         connection wrote, or waited longer than the busy timeout; begin it IMMEDIATE or use \
+         outbox_seaorm::transaction)"
+    } else {
+        "enqueue events"
+    }
 }
 
 /// One chunk, ready to bind: each event with its 1-based position among this chunk's events of its
@@ -120,7 +134,7 @@ async fn write_postgres<C: ConnectionTrait>(conn: &C, rows: &Rows<'_>, now_ms: i
     )
     .bind(now_ms)
     .push(
-        " FROM counts ORDER BY aggregate_type, aggregate_id \
+        " FROM counts ORDER BY aggregate_type COLLATE \"C\", aggregate_id COLLATE \"C\" \
          ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE \
          SET last_version = outbox_aggregates.last_version + EXCLUDED.last_version, \
          due_at_ms = COALESCE(outbox_aggregates.due_at_ms, EXCLUDED.due_at_ms) \

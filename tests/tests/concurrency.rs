@@ -12,7 +12,7 @@ use outbox_seaorm::store::{BatchOutcome, ClaimRequest, ClaimedBatch, Maintenance
 use outbox_seaorm::{
     Backoff, ClaimMode, DeadLetterPolicy, InMemoryPublisher, NewEvent, Relay, RelayConfig, SeaOrmStore,
 };
-use sea_orm::{ConnectionTrait, DbBackend};
+use sea_orm::{ConnectionTrait, DbBackend, TransactionTrait};
 
 const LEASE: ClaimMode = ClaimMode::Lease { duration: Duration::from_secs(30) };
 
@@ -283,3 +283,20 @@ async fn eight_writers_of_one_aggregate_beside_two_relays_all_commit(t: TestDb) 
     assert_per_aggregate_order(&received, &t);
 }
 per_backend!(eight_writers_of_one_aggregate_beside_two_relays_all_commit, "eight_writers_two_relays");
+
+/// SQLite: a `db.begin()` that reads, then enqueues after another connection wrote, is refused the write
+/// lock at once (its snapshot is stale, in WAL mode); the error says why and what to do.
+async fn on_sqlite_a_transaction_that_read_first_is_told_how_to_begin(t: TestDb) {
+    if t.backend != DbBackend::Sqlite {
+        return;
+    }
+    t.db.execute_unprepared("PRAGMA journal_mode=WAL").await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let reader = t.db.begin().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    reader.query_one_raw(sea_orm::Statement::from_string(t.backend, COUNT_EVENTS)).await.expect("read first");
+    let other = t.reconnect().await;
+    outbox_seaorm::enqueue(&other, &event("other", "written", 1)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let error = outbox_seaorm::enqueue(&reader, &event("mine", "written", 2)).await.expect_err("a stale snapshot");
+    let message = error.to_string();
+    assert!(message.contains("database is locked") && message.contains("begin it IMMEDIATE"), "{t}: {message}");
+}
+per_backend!(on_sqlite_a_transaction_that_read_first_is_told_how_to_begin, "sqlite_read_first");

@@ -12,7 +12,7 @@ use outbox_integration_tests::contract::eventually;
 use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::store::MaintenanceStore;
 use outbox_seaorm::{CancellationToken, InMemoryPublisher, Relay, SeaOrmStore};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, TransactionTrait, Value};
 use sea_orm_migration::MigratorTrait;
 
 /// The guide whose statements these tests run, verbatim.
@@ -218,3 +218,191 @@ async fn a_commit_watch_wakes_the_relay_for_rows_another_writer_committed(t: Tes
     watch_task.await.expect("watch task");
 }
 per_backend!(a_commit_watch_wakes_the_relay_for_rows_another_writer_committed, "foreign_writers_watch");
+
+/// The guide's statements for a writer of many rows on `backend` ("PostgreSQL, many rows:" or "MySQL and
+/// MariaDB, many rows:"), one per element.
+fn documented_bulk(backend: DbBackend) -> Vec<&'static str> {
+    let heading = match backend {
+        DbBackend::Postgres => "\nPostgreSQL, many rows:",
+        _ => "\nMySQL and MariaDB, many rows:",
+    };
+    let section = GUIDE.split(heading).nth(1).unwrap_or_else(|| panic!("the guide has no {heading:?} section"));
+    let block = section.split("```sql\n").nth(1).expect("an SQL block follows the heading");
+    block.split("\n```").next().expect("the block ends").split(";\n").map(str::trim).collect()
+}
+
+/// The aggregates the bulk tests write: `bulk-00` .. `bulk-49`.
+const BULK_AGGREGATES: u64 = 50;
+
+fn bulk_aggregate(n: u64) -> String {
+    format!("bulk-{:02}", n % BULK_AGGREGATES)
+}
+
+/// Writer `writer`'s `rows` rows, over every bulk aggregate in a scattered order, staged in a temporary
+/// `staged_events` of its connection, then inserted by `statements`, all in one transaction.
+async fn write_staged(db: &DatabaseConnection, writer: u64, rows: u64, statements: &[&str]) -> Result<(), DbErr> {
+    let now = chrono::Utc::now().timestamp_millis();
+    let (create, fill, drop) = match db.get_database_backend() {
+        DbBackend::Postgres => (
+            "CREATE TEMP TABLE staged_events (id bigint PRIMARY KEY, event_id varchar(36), aggregate_type varchar(64), \
+             aggregate_id varchar(128), event_type varchar(128), schema_version int, payload jsonb, headers jsonb, \
+             created_at_ms bigint, next_attempt_at_ms bigint) ON COMMIT DROP",
+            format!(
+                "INSERT INTO staged_events SELECT i, gen_random_uuid()::text, 'order', \
+                 'bulk-' || lpad(((i * 37 + {writer}) % {BULK_AGGREGATES})::text, 2, '0'), 'bulk.written', 1, \
+                 jsonb_build_object('writer', {writer}, 'i', i), '{{}}'::jsonb, {now}, {now} \
+                 FROM generate_series(1, {rows}) AS i"
+            ),
+            None,
+        ),
+        // MariaDB's sequence tables (`seq_1_to_n`) number the rows.
+        _ => (
+            "CREATE TEMPORARY TABLE staged_events (id bigint PRIMARY KEY, event_id varchar(36), \
+             aggregate_type varchar(64), aggregate_id varchar(128), event_type varchar(128), schema_version int, \
+             payload json, headers json, created_at_ms bigint, next_attempt_at_ms bigint)",
+            format!(
+                "INSERT INTO staged_events SELECT seq, UUID(), 'order', \
+                 CONCAT('bulk-', LPAD((seq * 37 + {writer}) % {BULK_AGGREGATES}, 2, '0')), 'bulk.written', 1, \
+                 JSON_OBJECT('writer', {writer}, 'i', seq), '{{}}', {now}, {now} FROM seq_1_to_{rows}"
+            ),
+            Some("DROP TEMPORARY TABLE staged_events"),
+        ),
+    };
+    let txn = db.begin().await?;
+    txn.execute_unprepared(create).await?;
+    txn.execute_unprepared(&fill).await?;
+    for statement in statements {
+        txn.execute_unprepared(statement).await?;
+    }
+    if let Some(drop) = drop {
+        txn.execute_unprepared(drop).await?;
+    }
+    txn.commit().await
+}
+
+/// App transactions that `enqueue` into two bulk aggregates each (one call, so in byte order), until
+/// `done`; returns how many committed and the errors of those that did not.
+async fn enqueue_until(db: DatabaseConnection, task: u64, done: CancellationToken) -> (u64, Vec<String>) {
+    let (mut committed, mut errors) = (0, Vec::new());
+    let mut k = task;
+    while !done.is_cancelled() {
+        k += 7;
+        let events = [event(&bulk_aggregate(k), "app.written", k), event(&bulk_aggregate(k + 17), "app.written", k)];
+        let written = async {
+            let txn = db.begin().await?;
+            outbox_seaorm::enqueue_all(&txn, &events).await.map_err(|e| DbErr::Custom(e.to_string()))?;
+            txn.commit().await
+        };
+        match written.await {
+            Ok(()) => committed += 2,
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    (committed, errors)
+}
+
+/// Every aggregate's versions are 1..n, and its `outbox_aggregates` row says n; returns the rows.
+async fn assert_gapless(t: &TestDb) -> u64 {
+    let sql = "SELECT e.aggregate_id, COUNT(*) AS n, COUNT(DISTINCT e.aggregate_version) AS d, \
+               MAX(e.aggregate_version) AS m, MAX(a.last_version) AS l FROM outbox_events e \
+               JOIN outbox_aggregates a ON a.aggregate_type = e.aggregate_type AND a.aggregate_id = e.aggregate_id \
+               GROUP BY e.aggregate_id";
+    let mut total = 0;
+    for row in t.db.query_all_raw(Statement::from_string(t.backend, sql)).await.unwrap_or_else(|e| panic!("{t}: {e}")) {
+        let id: String = row.try_get("", "aggregate_id").expect("id");
+        let [n, d, m, l] = ["n", "d", "m", "l"].map(|c| row.try_get::<i64>("", c).expect("count"));
+        assert!(n == d && d == m && m == l, "{t}: {id}: {n} rows, {d} versions, highest {m}, last_version {l}");
+        total += n as u64;
+    }
+    total
+}
+
+/// Plain writers of many rows that follow the guide race each other and the app's `enqueue`: nobody is
+/// rolled back, and every aggregate is numbered without a gap.
+async fn plain_writers_of_many_rows_that_follow_the_guide_never_fail_anyone(t: TestDb) {
+    let (writers, rows, rounds) = match t.backend {
+        DbBackend::Postgres => (3, 2_000, 3),
+        DbBackend::MySql => (2, 10_000, 2),
+        _ => return, // one writer at a time: nothing to order
+    };
+    let statements = documented_bulk(t.backend);
+    let done = CancellationToken::new();
+    let app: Vec<_> = (0..4).map(|task| tokio::spawn(enqueue_until(t.db.clone(), task, done.clone()))).collect();
+    let mut bulk_errors = Vec::new();
+    for round in 0..rounds {
+        let mut tasks = Vec::new();
+        for writer in 0..writers {
+            let (db, statements) = (t.reconnect().await, statements.clone());
+            tasks.push(tokio::spawn(async move {
+                write_staged(&db, round * 10 + writer, rows, &statements).await.err().map(|e| e.to_string())
+            }));
+        }
+        for task in tasks {
+            bulk_errors.extend(task.await.expect("writer task"));
+        }
+    }
+    done.cancel();
+    let mut app_errors = Vec::new();
+    let mut enqueued = 0;
+    for task in app {
+        let (committed, errors) = task.await.expect("app task");
+        enqueued += committed;
+        app_errors.extend(errors);
+    }
+    assert!(bulk_errors.is_empty(), "{t}: plain writers failed: {bulk_errors:?}");
+    assert!(app_errors.is_empty(), "{t}: {} app transactions failed: {app_errors:?}", app_errors.len());
+    assert!(enqueued > 0, "{t}: the app wrote while the plain writers ran");
+    assert_eq!(assert_gapless(&t).await, writers * rows * rounds + enqueued, "{t}: every row numbered");
+}
+per_backend!(plain_writers_of_many_rows_that_follow_the_guide_never_fail_anyone, "foreign_writers_bulk");
+
+/// MariaDB/MySQL: why the guide locks the aggregates first. An app transaction holds `bulk-00` (it
+/// enqueued into it) while a plain `INSERT … SELECT` waits for that row inside its trigger, holding the
+/// table's AUTO-INC lock; the app's next `enqueue` then needs that lock, and InnoDB rolls the app back.
+/// With the guide's first statement, the plain writer waits for `bulk-00` before it holds the AUTO-INC
+/// lock, and both commit.
+async fn on_mariadb_a_plain_bulk_insert_must_lock_its_aggregates_first(t: TestDb) {
+    if t.backend != DbBackend::MySql {
+        return;
+    }
+    let statements = documented_bulk(t.backend);
+    for guarded in [false, true] {
+        let app = t.db.begin().await.expect("begin");
+        outbox_seaorm::enqueue_all(&app, &[event("bulk-00", "app.first", 1)]).await.expect("enqueue bulk-00");
+        let writer_db = t.reconnect().await;
+        let plain = if guarded { statements.clone() } else { statements[1..].to_vec() };
+        let writer = tokio::spawn(async move { write_staged(&writer_db, 1, 10_000, &plain).await });
+        // Wait until the plain writer waits for bulk-00.
+        let waiting = "SELECT x.trx_state AS state FROM information_schema.innodb_trx x \
+                       JOIN information_schema.processlist p ON p.id = x.trx_mysql_thread_id \
+                       WHERE p.db = DATABASE()";
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            assert!(!writer.is_finished(), "{t}: the plain writer ended without waiting: {:?}", writer.await);
+            let rows = t.db.query_all_raw(Statement::from_string(t.backend, waiting)).await.expect("innodb_trx");
+            if rows.iter().any(|row| row.try_get::<String>("", "state").is_ok_and(|state| state == "LOCK WAIT")) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{t}: the plain writer never waited for bulk-00");
+            // InnoDB refreshes what `innodb_trx` shows only when it was last read 0.1 s ago or more.
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+        // The app's next aggregate, after bulk-00 in byte order, as the guide asks.
+        let next = outbox_seaorm::enqueue_all(&app, &[event("bulk-01", "app.second", 2)]).await;
+        let app_outcome = match next {
+            Ok(_) => app.commit().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let writer_outcome = writer.await.expect("writer task");
+        if guarded {
+            assert!(app_outcome.is_ok(), "{t}: the app failed beside a guarded writer: {app_outcome:?}");
+            assert!(writer_outcome.is_ok(), "{t}: the guarded writer failed: {writer_outcome:?}");
+        } else {
+            let error = app_outcome.expect_err("the app's transaction is rolled back beside an unguarded writer");
+            assert!(error.contains("1467") || error.contains("1213"), "{t}: {error}");
+            assert!(writer_outcome.is_ok(), "{t}: the unguarded writer itself commits: {writer_outcome:?}");
+        }
+    }
+    assert_eq!(assert_gapless(&t).await, 20_002, "{t}: two writers' rows and the guarded app's two events");
+}
+per_backend!(on_mariadb_a_plain_bulk_insert_must_lock_its_aggregates_first, "foreign_writers_autoinc");
