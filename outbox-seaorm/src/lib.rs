@@ -117,7 +117,7 @@ pub use inbox::{SeaOrmGroupCommit, handle_batch_once, handle_once};
 #[cfg(feature = "migrations")]
 pub use migration::{MIGRATE_LOCK_WAIT, Migrator, migrate, migrations};
 pub use store::SeaOrmStore;
-pub use transaction::transaction;
+pub use transaction::{OutboxTransaction, begin, transaction};
 
 pub use outbox_macros::{idempotent_handler, transactional_outbox};
 

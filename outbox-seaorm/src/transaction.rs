@@ -13,10 +13,10 @@
 //! - **Another database**: a call on another pool never joins; it begins its own transaction.
 //! - **Concurrent calls in one task** (`tokio::join!`) take turns: savepoints are a stack, and two open at
 //!   once on one connection would release each other.
-//! - **A transaction begun elsewhere** (`db.begin()`) passed to a method that takes its connection as a
-//!   parameter is joined with a savepoint, as before. The outbox cannot tell which pool such a transaction
-//!   came from, so a `conn = self.db` call inside it begins its own transaction (and logs a warning):
-//!   begin the transaction with [`transaction`] instead.
+//! - **A transaction of your own**: begin it with [`begin`] (as you would `db.begin()`) or [`transaction`]
+//!   and the calls join it. One begun with `db.begin()` is invisible to a `conn = self.db` call, which
+//!   begins its own transaction and commits on its own; passed to a method that takes its connection as a
+//!   parameter, it is joined with a savepoint.
 //! - **A consumer's group commit** (`SeaOrmGroupCommit`): calls that join the group's transaction share it
 //!   without savepoints. A call that would roll its savepoint back *spoils* the group instead: the group is
 //!   rolled back whole and its messages run again alone, where savepoints apply. The outcome is the one of
@@ -35,6 +35,10 @@ use sea_orm::{
 use tokio::sync::OwnedMutexGuard;
 
 use crate::connection::{ConnectionSource, OutboxConnection};
+
+mod begun;
+
+pub use begun::{OutboxTransaction, begin};
 
 tokio::task_local! {
     /// The innermost outbox transaction of the running task.
@@ -229,8 +233,14 @@ impl Frame {
     }
 }
 
+/// The task's innermost outbox transaction: of the closure scope it runs in ([`transaction`], an annotated
+/// call) and the transaction it began with [`begin`], the one begun inside the other.
 fn current() -> Option<Arc<Frame>> {
-    CURRENT.try_with(Arc::clone).ok()
+    let scoped = CURRENT.try_with(Arc::clone).ok();
+    match (scoped, begun::innermost()) {
+        (Some(scoped), Some(begun)) if begun.chain().any(|frame| Arc::ptr_eq(frame, &scoped)) => Some(begun),
+        (scoped, begun) => scoped.or(begun),
+    }
 }
 
 /// The task's outbox transaction that `txn` is, if any.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use outbox_integration_tests::proxy::{Proxy, server_available};
-use outbox_seaorm::brokers::redis::RedisPublisher;
+use outbox_seaorm::brokers::redis::{RedisPublisher, RedisPublisherConfig};
 use outbox_seaorm::brokers::{ConnectRetry, connect_with_retry};
 use outbox_seaorm::{Destination, NewEvent, Publisher, testkit};
 
@@ -26,7 +26,8 @@ fn destination() -> Destination {
 async fn connect(url: String, retry: ConnectRetry, attempts: Arc<AtomicU32>) -> outbox_seaorm::Result<RedisPublisher> {
     connect_with_retry(&url, retry, || {
         attempts.fetch_add(1, Ordering::SeqCst);
-        RedisPublisher::connect(&url, destination())
+        // Connecting is what this is about: the first event may create its stream.
+        RedisPublisher::connect_with(&url, destination(), RedisPublisherConfig::default().with_create_streams(true))
     })
     .await
 }

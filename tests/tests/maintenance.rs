@@ -74,3 +74,41 @@ async fn cleanup_deletes_only_published_rows_past_the_retention_in_batches(t: Te
     }
 }
 per_backend!(cleanup_deletes_only_published_rows_past_the_retention_in_batches, "cleanup_old_published_rows");
+
+/// The cleanup re-arms aggregates whose hint was lost (the safety net under the hints): their events are
+/// claimed again. It never waits for a writer: an aggregate a writer's open transaction holds is left
+/// alone (the writer's enqueue sets its hint itself).
+async fn cleanup_rearms_lost_hints_without_waiting_for_writers(t: TestDb) {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), InMemoryPublisher::new(), fast_config()).expect("config");
+    enqueue_committed(&t, &[event("lost-1", "t", 1), event("lost-2", "t", 2)]).await;
+    t.db.execute_unprepared("UPDATE outbox_aggregates SET due_at_ms = NULL")
+        .await
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}")).claimed, 0, "{t}: the hints are lost");
+
+    // A writer holds another aggregate's row (not on SQLite, where a writer holds the whole database).
+    let writer = if t.backend == sea_orm::DbBackend::Sqlite {
+        None
+    } else {
+        let other = t.reconnect().await;
+        let txn = other.begin().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        outbox_seaorm::enqueue(&txn, &event("held", "t", 3)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        Some((other, txn))
+    };
+    let hour = Duration::from_secs(3600);
+    let cleanup = relay.store().cleanup(chrono::Utc::now(), hour, 100);
+    let deleted = tokio::time::timeout(Duration::from_secs(60), cleanup)
+        .await
+        .unwrap_or_else(|_| panic!("{t}: the cleanup waited for the writer"))
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(deleted, 0, "{t}");
+    let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert_eq!(pass.published, 2, "{t}: both re-armed aggregates published: {pass:?}");
+    if let Some((_other, txn)) = writer {
+        txn.commit().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(pass.published, 1, "{t}: the writer's event, hinted by its own enqueue: {pass:?}");
+    }
+}
+per_backend!(cleanup_rearms_lost_hints_without_waiting_for_writers, "cleanup_rearm");

@@ -384,3 +384,45 @@ async fn a_transaction_begun_elsewhere_is_refused_by_the_scope(t: TestDb) {
     assert_eq!(counts(&t).await, (0, 0, 0), "{t}: nothing ran");
 }
 per_backend!(a_transaction_begun_elsewhere_is_refused_by_the_scope, "svc_foreign");
+
+/// `outbox_seaorm::begin` is used as `db.begin()` is, and the annotated calls of the task join it: rolled
+/// back or dropped, neither the caller's row nor the calls' rows and events stay; committed, all of them
+/// do. The same calls inside a `db.begin()` commit on their own, which is why the README shows `begin`.
+async fn a_transaction_from_begin_takes_the_calls_with_it(t: TestDb) {
+    use sea_orm::TransactionTrait;
+    create_shop_tables(&t).await;
+    let orders = services(&t);
+    let caller_row = "INSERT INTO invoices (order_id, total_minor) VALUES ('caller', 1)";
+    let fail = |e: &dyn std::fmt::Display| -> ! { panic!("{t}: {e}") };
+
+    let txn = outbox_seaorm::begin(&t.db).await.unwrap_or_else(|e| fail(&e));
+    txn.execute_unprepared(caller_row).await.unwrap_or_else(|e| fail(&e));
+    orders.place("c1", false).await.unwrap_or_else(|e| fail(&e));
+    orders.place_two(false).await.unwrap_or_else(|e| fail(&e));
+    txn.rollback().await.unwrap_or_else(|e| fail(&e));
+    assert_eq!(counts(&t).await, (0, 0, 0), "{t}: rolled back: the caller's row, the calls' rows, their events");
+
+    {
+        let _txn = outbox_seaorm::begin(&t.db).await.unwrap_or_else(|e| fail(&e));
+        orders.place("c1", false).await.unwrap_or_else(|e| fail(&e));
+    }
+    assert_eq!(counts(&t).await, (0, 0, 0), "{t}: dropped without a commit: nothing");
+
+    let txn = outbox_seaorm::begin(&t.db).await.unwrap_or_else(|e| fail(&e));
+    txn.execute_unprepared(caller_row).await.unwrap_or_else(|e| fail(&e));
+    orders.place("c1", false).await.unwrap_or_else(|e| fail(&e));
+    orders.place_two(false).await.unwrap_or_else(|e| fail(&e));
+    txn.commit().await.unwrap_or_else(|e| fail(&e));
+    assert_eq!(counts(&t).await, (3, 1, 3), "{t}: committed together");
+
+    // The pitfall: a `db.begin()` of SeaORM's does not hold the calls; its rollback leaves them committed.
+    // (On SQLite the call would wait for the test pool's only connection, which `db.begin()` holds.)
+    if t.backend == sea_orm::DbBackend::Sqlite {
+        return;
+    }
+    let txn = t.db.begin().await.unwrap_or_else(|e| fail(&e));
+    orders.place("d1", false).await.unwrap_or_else(|e| fail(&e));
+    txn.rollback().await.unwrap_or_else(|e| fail(&e));
+    assert_eq!(counts(&t).await, (4, 1, 4), "{t}: the call committed on its own");
+}
+per_backend!(a_transaction_from_begin_takes_the_calls_with_it, "svc_begin");

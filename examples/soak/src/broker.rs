@@ -377,19 +377,6 @@ async fn flush_deliveries(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_aggregate_always_gets_the_same_lane_and_lanes_spread() {
-        assert_eq!(lane("agg-7", 4), lane("agg-7", 4));
-        let lanes: std::collections::HashSet<i32> = (0..100).map(|i| lane(&format!("agg-{i}"), 4)).collect();
-        assert_eq!(lanes.len(), 4);
-        assert_eq!(lane("agg-7", 1), 0);
-    }
-}
-
 /// Creates the run's Redis stream, empty, before any relay publishes (the publisher appends only to
 /// streams that exist; the consumers' groups read it from its start).
 async fn create_redis_stream(url: &str, stream: &str) -> Result<(), SoakError> {
@@ -405,4 +392,17 @@ async fn create_redis_stream(url: &str, stream: &str) -> Result<(), SoakError> {
     }
     let _: () = connection.xgroup_destroy(stream, "soak-setup").await.map_err(redis_error)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_aggregate_always_gets_the_same_lane_and_lanes_spread() {
+        assert_eq!(lane("agg-7", 4), lane("agg-7", 4));
+        let lanes: std::collections::HashSet<i32> = (0..100).map(|i| lane(&format!("agg-{i}"), 4)).collect();
+        assert_eq!(lanes.len(), 4);
+        assert_eq!(lane("agg-7", 1), 0);
+    }
 }

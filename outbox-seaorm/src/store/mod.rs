@@ -345,18 +345,20 @@ async fn set_aside(
 async fn rearm(db: &DatabaseConnection, now: DateTime<Utc>) -> std::result::Result<u64, DbErr> {
     let backend = db.get_database_backend();
     let now_ms = now.timestamp_millis();
-    let unhinted_with_work = "FROM outbox_aggregates WHERE due_at_ms IS NULL AND EXISTS (SELECT 1 FROM outbox_events e \
+    let unhinted_with_work = format!(
+        "due_at_ms IS NULL AND EXISTS (SELECT 1 FROM outbox_events e \
          WHERE e.aggregate_type = outbox_aggregates.aggregate_type AND e.aggregate_id = outbox_aggregates.aggregate_id \
-         AND e.published_at_ms IS NULL AND e.dead_at_ms IS NULL AND e.next_attempt_at_ms <= ";
+         AND e.published_at_ms IS NULL AND e.dead_at_ms IS NULL AND e.next_attempt_at_ms <= {now_ms})"
+    );
     if backend == DbBackend::Sqlite {
         // One writer at a time, no row locks: one statement.
-        let sql = format!("UPDATE outbox_aggregates SET due_at_ms = {now_ms} {unhinted_with_work}{now_ms})");
+        let sql = format!("UPDATE outbox_aggregates SET due_at_ms = {now_ms} WHERE {unhinted_with_work}");
         return Ok(db.execute_unprepared(&sql).await?.rows_affected());
     }
     // A plain read finds them (it locks nothing; an `UPDATE … WHERE EXISTS` would lock every aggregate and
     // outbox row it reads on MySQL, and wait for writers everywhere); each is then set by key, only if no
     // writer holds it (a writer's enqueue sets the hint itself) and if it is still unset.
-    let find = format!("SELECT aggregate_type, aggregate_id {unhinted_with_work}{now_ms})");
+    let find = format!("SELECT aggregate_type, aggregate_id FROM outbox_aggregates WHERE {unhinted_with_work}");
     let keys: Vec<(String, String)> = db
         .query_all_raw(sea_orm::Statement::from_string(backend, find))
         .await?

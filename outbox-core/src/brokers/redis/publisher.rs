@@ -261,9 +261,18 @@ mod tests {
         let (key, cmd) = publisher(RedisPublisherConfig::default()).xadd(&event()).unwrap();
         assert_eq!(key, "outbox:order");
         let plain = args(&cmd);
-        assert_eq!(plain[..3], ["XADD", "outbox:order", "*"], "no MAXLEN by default: {plain:?}");
+        assert_eq!(plain[..4], ["XADD", "outbox:order", "NOMKSTREAM", "*"], "no MAXLEN by default: {plain:?}");
         assert!(!plain.iter().any(|a| a.eq_ignore_ascii_case("MAXLEN")), "{plain:?}");
         let (_, cmd) = publisher(RedisPublisherConfig::default().with_max_len(100)).xadd(&event()).unwrap();
-        assert_eq!(args(&cmd)[..6], ["XADD", "outbox:order", "MAXLEN", "~", "100", "*"]);
+        assert_eq!(args(&cmd)[..7], ["XADD", "outbox:order", "NOMKSTREAM", "MAXLEN", "~", "100", "*"]);
+    }
+
+    #[test]
+    fn the_default_publisher_appends_only_to_existing_streams() {
+        let (_, cmd) = publisher(RedisPublisherConfig::default()).xadd(&event()).unwrap();
+        assert!(args(&cmd).iter().any(|a| a == "NOMKSTREAM"), "{:?}", args(&cmd));
+        let creating = RedisPublisherConfig::default().with_create_streams(true);
+        let (_, cmd) = publisher(creating).xadd(&event()).unwrap();
+        assert_eq!(args(&cmd)[..3], ["XADD", "outbox:order", "*"], "opted in: the XADD may create the stream");
     }
 }
