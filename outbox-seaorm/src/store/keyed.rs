@@ -119,7 +119,7 @@ pub(super) async fn explain(txn: &DatabaseTransaction) -> Result<Vec<ClaimPlan>,
     let mut sql = Sql::new(backend);
     write_mark_published(&mut sql, &seqs, 0, created);
     statements.push(("mark", sql.build()));
-    let mut failed = super::settle(seqs.clone(), created);
+    let mut failed = super::mark::settle(seqs.clone(), created);
     failed.value(Column::Attempts, Expr::col(Column::Attempts).add(1));
     statements.push(("mark failed, release, lease, set aside", update(backend, &failed)));
     let mut sql = Sql::new(backend);
