@@ -5,7 +5,7 @@
 //! writer's transaction must commit.
 //!
 //! `OUTBOX_NO_FAULT_RUNS` sets the runs per relay count (default 10), `OUTBOX_NO_FAULT_TRANSACTIONS` each
-//! writer's transactions per run (default 40).
+//! writer's transactions per run (default 40); `OUTBOX_SQLITE_WAL` runs SQLite in WAL mode.
 
 mod common;
 
