@@ -180,7 +180,7 @@ pub use self::__private as __derive;
 
 pub mod store;
 mod telemetry;
-mod text;
+pub mod text;
 pub mod trace_context;
 
 /// The bounds on what the outbox accepts: longer names and bigger payloads are refused with an error
@@ -194,11 +194,10 @@ pub mod limits {
     pub use crate::inbox::{MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 }
 
-/// Text and name checks shared with `outbox-seaorm` and the tools; not a public API.
+/// The name checks `outbox-seaorm`'s inbox shares; not a public API.
 #[doc(hidden)]
 pub mod __support {
     pub use crate::envelope::check_name;
-    pub use crate::text::{one_line, parse_duration, redact_secrets, redact_url, split_credentials, truncate};
 }
 
 // Events.

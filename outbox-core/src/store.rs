@@ -159,7 +159,7 @@ pub trait OutboxStore: Send + Sync {
 
 /// What the maintenance tasks of [`OutboxService`](crate::OutboxService) need of a database: backlog
 /// figures for the stats sampler, and cleanup under a database-wide lock. Replaying dead rows is an
-/// operator's act, not a task: `outbox_seaorm::admin::replay_dead`.
+/// operator's act, not a task: `outbox_ops::admin::replay_dead`.
 pub trait MaintenanceStore: Send + Sync {
     /// Current backlog figures.
     fn stats(&self, now: DateTime<Utc>) -> impl Future<Output = Result<OutboxStats>> + Send;

@@ -1,4 +1,5 @@
-//! The text helpers every adapter shares: redacting credentials, escaping control characters, truncating.
+//! Text as the adapters and the operating tools show it: credentials redacted, control characters
+//! escaped, long values truncated, durations read as an operator types them.
 
 /// `url` with its user info (user name and password) replaced by `***`, for error messages and logs:
 /// `redis://user:secret@host:6379/0` → `redis://***@host:6379/0`. Works without a scheme too.

@@ -69,7 +69,7 @@ pub async fn connect_with(url: &str, configure: impl FnOnce(&mut ConnectOptions)
     }
     configure(&mut options);
     Database::connect(options).await.map_err(|e| Error::Connect {
-        url: outbox_runtime::__support::redact_url(raw),
+        url: outbox_runtime::text::redact_url(raw),
         backend: match scheme.as_str() {
             "postgres" | "postgresql" => "PostgreSQL",
             "sqlite" => "SQLite",
@@ -81,7 +81,7 @@ pub async fn connect_with(url: &str, configure: impl FnOnce(&mut ConnectOptions)
 
 /// `url` without the password of its user info, and the password, decoded.
 fn split_password(url: &str) -> (String, Option<String>) {
-    let (_, Some((_, Some(password)))) = outbox_runtime::__support::split_credentials(url) else {
+    let (_, Some((_, Some(password)))) = outbox_runtime::text::split_credentials(url) else {
         return (url.to_owned(), None);
     };
     // `scheme://user:secret@host…` → `scheme://user@host…`; the user name keeps its own encoding.
@@ -113,9 +113,8 @@ fn pass_password(options: &mut ConnectOptions, scheme: &str, password: String) {
 /// `error` with any of `urls` in its text replaced by the URL without its credentials: SeaORM repeats a
 /// connection string it cannot parse, password and all.
 fn without_credentials(error: DbErr, urls: &[&str]) -> DbErr {
-    let redact = |text: String| {
-        urls.iter().fold(text, |text, url| text.replace(url, &outbox_runtime::__support::redact_url(url)))
-    };
+    let redact =
+        |text: String| urls.iter().fold(text, |text, url| text.replace(url, &outbox_runtime::text::redact_url(url)));
     let leaks = |text: &str| urls.iter().any(|url| text.contains(url));
     match error {
         DbErr::Conn(inner) if leaks(&inner.to_string()) => {

@@ -62,7 +62,11 @@
 //! | inbox dedup | `ON CONFLICT DO NOTHING` | `INSERT IGNORE` | `ON CONFLICT DO NOTHING` |
 //! | claim statements | 3 | 4 (plain read, then locks by primary key) | 2 |
 //! | concurrent writers of one aggregate | commit in order (row lock) | commit in order (row lock) | one writer at a time |
-
+//!
+//! ## Operating it
+//! The `outbox` command (a relay process, `migrate`, `check`, `stats`, dead events, cleanup) and the
+//! operations dashboard are crate `outbox-ops`, so an app that runs neither compiles no web framework;
+//! [`maintenance`] is the upkeep both share with [`OutboxService`].
 //!
 //! ## Features
 //! The app chooses its drivers, runtime and TLS, as with SeaORM itself; nothing but `migrations` and `metrics` is
@@ -80,22 +84,18 @@
 //! | `rabbitmq` | RabbitMQ publisher confirms and transport (`brokers::rabbitmq`) |
 //! | `redis` | Redis Streams publisher and transport (`brokers::redis`) |
 //! | `schemars` | `event_json_schema::<E>()`: an event's JSON Schema with its name and version |
-//! | `dashboard` | `dashboard::Dashboard`: an axum router with the operations pages (backlog, dead events, replay and discard behind an admin token) |
 //! | `testkit` | `testkit::FaultyPublisher` (drop, delay, duplicate, reorder, fail, lose acks) and `testkit::History` (lost, applied twice, order, rolled back published) for tests of an app's handlers |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod admin;
 mod connect;
 mod connection;
-#[cfg(feature = "dashboard")]
-#[cfg_attr(docsrs, doc(cfg(feature = "dashboard")))]
-pub mod dashboard;
 mod enqueue;
 pub mod entity;
 mod error;
 mod inbox;
 mod lock;
+pub mod maintenance;
 #[cfg(feature = "migrations")]
 pub mod migration;
 pub mod notify;
@@ -122,14 +122,14 @@ pub use transaction::{OutboxTransaction, begin, transaction};
 pub use outbox_macros::{idempotent_handler, transactional_outbox};
 
 // What the runtime provides, named one by one.
+#[doc(hidden)]
+pub use outbox_runtime::__derive;
 #[cfg(feature = "schemars")]
 #[cfg_attr(docsrs, doc(cfg(feature = "schemars")))]
 pub use outbox_runtime::event_json_schema;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub use outbox_runtime::testkit;
-#[doc(hidden)]
-pub use outbox_runtime::{__derive, __support};
 /// Publishing: the relay, its settings, and the service that runs it with cleanup and health.
 pub use outbox_runtime::{
     Backoff, CancellationToken, ClaimMode, CleanupConfig, DeadLetterPolicy, Health, OutboxService,
@@ -144,13 +144,13 @@ pub use outbox_runtime::{Destination, InMemoryPublisher, PublishError, Publisher
 /// Events: declare them (`#[derive(DomainEvent)]`), write them, read them back.
 pub use outbox_runtime::{DomainEvent, EventId, Headers, NewEvent, OutboxEvent, PayloadSchema, verify_events_lock_all};
 /// The runtime's modules: broker adapters and their message format, the consume side, the bounds on
-/// input, metric names, the W3C trace context. (`store` is this crate's: the runtime's store contract and
+/// input, metric names, text redaction, the W3C trace context. (`store` is this crate's: the runtime's store contract and
 /// its implementation here.)
-pub use outbox_runtime::{broker, brokers, consume, limits, metrics, trace_context};
+pub use outbox_runtime::{broker, brokers, consume, limits, metrics, text, trace_context};
 
 /// `postgres://user:secret@host/db` → `postgres://***@host/db`: a connection string fit for a log line.
 pub fn redact_url(url: &str) -> String {
-    outbox_runtime::__support::redact_url(url)
+    outbox_runtime::text::redact_url(url)
 }
 
 /// Writes an event into the transaction of the enclosing `#[transactional_outbox]` method.

@@ -55,7 +55,7 @@ pub async fn migrate(db: &sea_orm::DatabaseConnection) -> Result<()> {
     let backend = db.get_database_backend();
     let error = |operation| move |e| store_error(operation, "outbox_events", backend, e);
     if backend == DbBackend::Sqlite {
-        let txn = crate::store::begin_writing(db).await.map_err(error("begin a migration"))?;
+        let txn = crate::transaction::begin_writer(db).await.map_err(error("begin a migration"))?;
         Migrator::up(&txn, None).await.map_err(error("migrate"))?;
         return txn.commit().await.map_err(error("commit a migration"));
     }

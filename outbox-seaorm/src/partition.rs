@@ -19,7 +19,7 @@
 //!   indexed but no longer unique: `seq` comes from its sequence, versions from `outbox_aggregates`'s row
 //!   lock, event ids from UUIDs, so nothing this crate writes could collide.
 //! - The service's cleanup ([`MaintenanceStore::cleanup`](outbox_runtime::store::MaintenanceStore::cleanup)
-//!   and `admin::cleanup`) creates the next [`AHEAD`] partitions, drops the old ones and deletes published
+//!   and `maintenance::cleanup`) creates the next [`AHEAD`] partitions, drops the old ones and deletes published
 //!   rows from the default partition. It never drops a partition that holds an unpublished row, pending
 //!   or dead.
 //! - A row whose creation time no partition covers (a writer whose clock is days off, a service that ran no
@@ -359,7 +359,7 @@ pub async fn maintain<C: ConnectionTrait + TransactionTrait>(
     let now_ms = now.timestamp_millis();
     let mut report = PartitionReport::default();
     create_ahead(db, interval, now_ms, &mut report).await?;
-    let cutoff = crate::admin::cutoff_ms(now_ms, retention);
+    let cutoff = crate::maintenance::cutoff_ms(now_ms, retention);
     for partition in partitions(db).await? {
         if partition.default || partition.to_ms.is_none_or(|to| to > cutoff) {
             continue;

@@ -253,7 +253,7 @@ fn ours(txn: &DatabaseTransaction) -> Option<Arc<Frame>> {
 /// (waiting up to the busy timeout) before the first statement: a deferred transaction that reads first
 /// fails at its first write with `database is locked` when another connection wrote since it began, at
 /// once, without waiting (SQLite's deadlock avoidance).
-async fn begin_writer(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
+pub(crate) async fn begin_writer(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
     if db.get_database_backend() == DbBackend::Sqlite {
         let immediate = TransactionOptions {
             sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),

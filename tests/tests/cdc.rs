@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{count_outbox, count_published, count_unpublished, enqueue_committed, event};
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::admin::{self, CleanupConfig, StatsMode};
+use outbox_ops::admin::{self, CleanupConfig, StatsMode};
 use outbox_seaorm::store::MaintenanceStore;
 use outbox_seaorm::{InMemoryPublisher, Relay, RelayConfig, SeaOrmStore};
 use sea_orm::ConnectionTrait;

@@ -58,7 +58,7 @@ async fn app_migrator(t: &TestDb) {
 
 /// The outbox works: nothing is reported pending, and an event is published.
 async fn assert_usable(t: &TestDb) {
-    let pending = outbox_seaorm::admin::pending_migrations(&t.db, None).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let pending = outbox_ops::admin::pending_migrations(&t.db, None).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     assert!(pending.is_empty(), "{t}: pending {pending:?}");
     enqueue_committed(t, &[event("o1", "placed", 1)]).await;
     let relay = Relay::new(SeaOrmStore::new(t.db.clone()), InMemoryPublisher::new(), RelayConfig::default())

@@ -1,4 +1,4 @@
-//! The operations behind the `outbox` CLI (`outbox_seaorm::admin`) on real databases: stats per group,
+//! The operations behind the `outbox` CLI (`outbox_ops::admin`) on real databases: stats per group,
 //! dead events listed, replayed and discarded by filter, cleanup with progress, checks, and `migrate`
 //! from several processes at once.
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{count_outbox, count_published, count_table, count_unpublished, enqueue_committed, event, fast_config};
 use outbox_integration_tests::{TestDb, per_backend};
-use outbox_seaorm::admin::{self, CheckOptions, CleanupConfig, CleanupTable, DeadFilter};
+use outbox_ops::admin::{self, CheckOptions, CleanupConfig, CleanupTable, DeadFilter};
 use outbox_seaorm::{
     EventId, InMemoryPublisher, InboxOutcome, NewEvent, OutboxEvent, PublishError, Publisher, Relay, RelayConfig,
     SeaOrmStore,

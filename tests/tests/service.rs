@@ -192,10 +192,10 @@ async fn published_and_unpublished(t: &TestDb) {
     let pass = relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
     assert_eq!(pass.dead, 4, "{t}: {pass:?}");
     // Two of them come back as pending (in backoff); they stay unpublished like the dead ones.
-    let filter = outbox_seaorm::admin::DeadFilter::default().aggregate_id("w1");
-    outbox_seaorm::admin::replay_dead(&t.db, &filter).await.unwrap_or_else(|e| panic!("{t}: {e}"));
-    let filter = outbox_seaorm::admin::DeadFilter::default().aggregate_id("w2");
-    outbox_seaorm::admin::replay_dead(&t.db, &filter).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let filter = outbox_ops::admin::DeadFilter::default().aggregate_id("w1");
+    outbox_ops::admin::replay_dead(&t.db, &filter).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let filter = outbox_ops::admin::DeadFilter::default().aggregate_id("w2");
+    outbox_ops::admin::replay_dead(&t.db, &filter).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     assert_eq!((count_published(t).await, count_unpublished(t).await), (30, 4), "{t}");
 }
 

@@ -6,7 +6,7 @@
 //! - billing consumes them through the consume driver and writes `invoices` through the
 //!   `#[idempotent_handler]` [`orders::bill`], so a redelivered event is billed once;
 //! - `GET /orders/{id}` and `GET /invoices` show the result;
-//! - `/ops/outbox` is the outbox's operations dashboard ([`outbox_seaorm::dashboard`]), read-only here; an
+//! - `/ops/outbox` is the outbox's operations dashboard ([`outbox_ops::dashboard`]), read-only here; an
 //!   app mounts it behind its own auth, and gives it an admin token to allow replay and discard.
 //!
 //! The binary (`main.rs`) picks the database and the broker; [`serve`] is the whole app, so a test can
@@ -24,8 +24,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use outbox_ops::dashboard::{Dashboard, DashboardConfig};
 use outbox_seaorm::consume::Transport;
-use outbox_seaorm::dashboard::{Dashboard, DashboardConfig};
 use outbox_seaorm::prelude::*;
 use outbox_seaorm::{BoxError, CancellationToken, OutboxService, Publisher, SeaOrmGroupCommit};
 use sea_orm::{DatabaseConnection, DbErr, EntityTrait, QueryOrder, SqlErr};

@@ -505,7 +505,7 @@ fn decode_row(row: &QueryResult, backend: DbBackend) -> Result<OutboxEvent, Unde
 
 /// `text` cut to fit a message, on one line.
 fn one_line(text: &str) -> String {
-    outbox_runtime::__support::one_line(&outbox_runtime::__support::truncate(text, 80))
+    outbox_runtime::text::one_line(&outbox_runtime::text::truncate(text, 80))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use outbox_runtime::store::{BatchOutcome, ClaimedBatch, MarkReport};
 use outbox_runtime::{DeadLetterPolicy, OutboxEvent};
 
 use super::hints::{self, Hint};
-use super::{FAILURES_PER_UPDATE, Hold, SeaOrmBatch, TABLE, begin_writing, keyed, truncate, within};
+use super::{FAILURES_PER_UPDATE, Hold, SeaOrmBatch, TABLE, begin_writer, keyed, truncate, within};
 use crate::entity::outbox_event::{Column, Entity};
 use crate::error::{Result, store_error};
 use crate::sql::Sql;
@@ -262,7 +262,7 @@ impl SeaOrmBatch {
         outcome: BatchOutcome,
         hints: Vec<Hint>,
     ) -> std::result::Result<MarkReport, (&'static str, DbErr)> {
-        let txn = begin_writing(db).await.map_err(|e| ("begin a mark", e))?;
+        let txn = begin_writer(db).await.map_err(|e| ("begin a mark", e))?;
         match self.mark_leased_in(&txn, token, heads, outcome, hints).await {
             Ok(report) => {
                 txn.commit().await.map_err(|e| ("commit a leased batch", e))?;
@@ -331,7 +331,7 @@ async fn mark_published_again(
     for attempt in 1..MARK_ATTEMPTS {
         tokio::time::sleep(MARK_RETRY_WAIT * attempt).await;
         let marked = async {
-            let txn = begin_writing(db).await?;
+            let txn = begin_writer(db).await?;
             let mut marked = 0;
             for chunk in keyed::chunks(backend, published) {
                 let mut update = Sql::new(backend);

@@ -1,7 +1,7 @@
 //! The store: the runtime's store contract ([`OutboxStore`], [`MaintenanceStore`] and their types) and its
 //! implementation on SeaORM, [`SeaOrmStore`], for PostgreSQL, MySQL/MariaDB and SQLite: claim and mark for
 //! the relay, backlog figures and cleanup for the service's maintenance tasks (through the same queries as
-//! [`admin`](mod@crate::admin)).
+//! [`maintenance`](mod@crate::maintenance)).
 //!
 //! A claim takes *runs* (an aggregate's oldest unpublished event and the due events after it) through the
 //! `outbox_aggregates` table, so its cost depends on the batch, not on the backlog (`store/claim.rs` has
@@ -18,10 +18,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{CaseStatement, Expr, ExprTrait, Query};
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, SqliteTransactionMode,
-    TransactionOptions, TransactionTrait,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, TransactionTrait};
 use uuid::Uuid;
 
 use outbox_runtime::{ClaimMode, DeadLetterPolicy, OutboxEvent};
@@ -32,7 +29,8 @@ pub use outbox_runtime::store::{
     OutboxStore, StoreLock,
 };
 
-use crate::admin::{self, CleanupTable};
+use crate::maintenance::{self, CleanupTable};
+use crate::transaction::begin_writer;
 
 pub use claim::ClaimPlan;
 use claim::Claimed;
@@ -140,7 +138,7 @@ impl SeaOrmStore {
     }
 
     async fn begin(&self) -> Result<DatabaseTransaction> {
-        begin_writing(&self.db).await.map_err(self.err("begin a claim"))
+        begin_writer(&self.db).await.map_err(self.err("begin a claim"))
     }
 }
 
@@ -254,12 +252,12 @@ impl OutboxStore for SeaOrmStore {
 
 impl MaintenanceStore for SeaOrmStore {
     async fn stats(&self, now: DateTime<Utc>) -> Result<OutboxStats> {
-        admin::totals(&self.db, now.timestamp_millis()).await.map_err(self.err("read stats"))
+        maintenance::totals(&self.db, now.timestamp_millis()).await.map_err(self.err("read stats"))
     }
 
     async fn record_heartbeat(&self, beat: &Heartbeat) -> Result<()> {
         let backend = self.backend();
-        admin::record_heartbeat(&self.db, beat)
+        maintenance::record_heartbeat(&self.db, beat)
             .await
             .map_err(|e| store_error("record the relay's heartbeat", "outbox_relays", backend, e))
     }
@@ -268,7 +266,7 @@ impl MaintenanceStore for SeaOrmStore {
         if batch == 0 {
             return Err(Error::invalid_config("cleanup batch", "is 0; expected at least 1"));
         }
-        let deleted = admin::clean_outbox(&self.db, now.timestamp_millis(), retention, batch, &mut |_| {})
+        let deleted = maintenance::clean_outbox(&self.db, now.timestamp_millis(), retention, batch, &mut |_| {})
             .await
             .map_err(self.err("delete published rows"))?;
         let rearmed = rearm(&self.db, now).await.map_err(self.err("re-arm aggregate hints"))?;
@@ -283,8 +281,8 @@ impl MaintenanceStore for SeaOrmStore {
         if batch == 0 {
             return Err(Error::invalid_config("cleanup batch", "is 0; expected at least 1"));
         }
-        let cutoff = admin::cutoff_ms(now.timestamp_millis(), age);
-        let deleted = admin::delete_in_batches(&self.db, CleanupTable::OutboxByAge, cutoff, batch, &mut |_| {})
+        let cutoff = maintenance::cutoff_ms(now.timestamp_millis(), age);
+        let deleted = maintenance::delete_in_batches(&self.db, CleanupTable::OutboxByAge, cutoff, batch, &mut |_| {})
             .await
             .map_err(self.err("delete old rows (CDC mode)"))?;
         tracing::debug!(deleted, "outbox cleanup by age (CDC mode) done");
@@ -295,9 +293,9 @@ impl MaintenanceStore for SeaOrmStore {
         if batch == 0 {
             return Err(Error::invalid_config("cleanup batch", "is 0; expected at least 1"));
         }
-        let cutoff = admin::cutoff_ms(now.timestamp_millis(), retention);
+        let cutoff = maintenance::cutoff_ms(now.timestamp_millis(), retention);
         let backend = self.backend();
-        admin::delete_in_batches(&self.db, CleanupTable::Inbox, cutoff, batch, &mut |_| {})
+        maintenance::delete_in_batches(&self.db, CleanupTable::Inbox, cutoff, batch, &mut |_| {})
             .await
             .map_err(|e| store_error("delete old inbox rows", "inbox_messages", backend, e))
     }
@@ -380,16 +378,6 @@ async fn rearm(db: &DatabaseConnection, now: DateTime<Utc>) -> std::result::Resu
     Ok(rearmed)
 }
 
-/// A transaction that will write. SQLite has no row locks: take the write lock up front, so two relays
-/// cannot claim the same rows and a read-then-write transaction is never refused as a deadlock.
-pub(crate) async fn begin_writing(db: &DatabaseConnection) -> std::result::Result<DatabaseTransaction, DbErr> {
-    let options = TransactionOptions {
-        sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-        ..TransactionOptions::default()
-    };
-    db.begin_with_options(options).await
-}
-
 /// The first and last creation time of `events` (not empty).
 fn created_range(events: &[OutboxEvent]) -> (i64, i64) {
     let times = events.iter().map(|e| e.created_at.timestamp_millis());
@@ -405,5 +393,5 @@ fn within<T: sea_orm::sea_query::ConditionalStatement>(statement: &mut T, create
 }
 
 fn truncate(message: &str) -> String {
-    outbox_runtime::__support::truncate(message, MAX_ERROR_BYTES + '…'.len_utf8())
+    outbox_runtime::text::truncate(message, MAX_ERROR_BYTES + '…'.len_utf8())
 }

@@ -342,7 +342,7 @@ pub async fn publisher_outage_loses_nothing<F: Fixture>() {
     assert_eq!(first.published, 10, "{}: {first:?}", F::NAME);
     enqueue(&t, &events[10..]).await;
     let backlog = async || {
-        let stats = outbox_seaorm::admin::stats(&t.db).await.unwrap_or_else(|e| panic!("{t}: stats: {e}"));
+        let stats = outbox_ops::admin::stats(&t.db).await.unwrap_or_else(|e| panic!("{t}: stats: {e}"));
         (stats.totals.pending, stats.totals.dead)
     };
     if fx.cut().await {
@@ -358,7 +358,7 @@ pub async fn publisher_outage_loses_nothing<F: Fixture>() {
     let deadline = Instant::now() + Duration::from_secs(90);
     while backlog().await != (0, 0) {
         if Instant::now() > deadline {
-            let dead = outbox_seaorm::admin::list_dead(&t.db, &outbox_seaorm::admin::DeadFilter::all(), 3).await;
+            let dead = outbox_ops::admin::list_dead(&t.db, &outbox_ops::admin::DeadFilter::all(), 3).await;
             let errors: Vec<_> = dead.into_iter().flatten().map(|row| row.last_error).collect();
             panic!("{}: backlog {:?} 90 s after the outage; dead rows' errors: {errors:?}", F::NAME, backlog().await);
         }

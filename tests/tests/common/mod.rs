@@ -177,5 +177,5 @@ impl Rng {
 pub async fn replay_all<P: outbox_seaorm::Publisher>(
     relay: &outbox_seaorm::Relay<outbox_seaorm::SeaOrmStore, P>,
 ) -> outbox_seaorm::Result<u64> {
-    outbox_seaorm::admin::replay_dead(relay.store().connection(), &outbox_seaorm::admin::DeadFilter::all()).await
+    outbox_ops::admin::replay_dead(relay.store().connection(), &outbox_ops::admin::DeadFilter::all()).await
 }

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use outbox_seaorm::dashboard::{Dashboard, DashboardConfig};
+use outbox_ops::dashboard::{Dashboard, DashboardConfig};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -1,0 +1,365 @@
+//! Dead events: list, show, replay and discard them, all or a selection.
+//!
+//! A [`DeadFilter`] selects dead events by event type, aggregate, error text, time of death and id; its
+//! criteria combine with AND (a list of event types or ids matches any of them) and become sea-query
+//! conditions with bound values, never SQL text built from input.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::extension::mysql::{IndexHintScope, MySqlSelectStatementExt};
+use sea_orm::sea_query::{Cond, Expr, ExprTrait, Func, LikeExpr, Query};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect,
+};
+use serde::Serialize;
+
+use outbox_seaorm::{Error, EventId, Result};
+
+use crate::error::store_error;
+use outbox_seaorm::entity::outbox_aggregate;
+use outbox_seaorm::entity::outbox_event::{self, Column, Entity};
+
+/// Which dead events an operation applies to. [`DeadFilter::default`] matches every dead event.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_ops::admin::DeadFilter;
+///
+/// // Events that died in the last hour of a broker timeout.
+/// let filter = DeadFilter::default().error_contains("timeout").newer_than(Duration::from_secs(3600));
+/// assert!(!filter.is_empty());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeadFilter {
+    event_types: Vec<String>,
+    aggregate_type: Option<String>,
+    aggregate_id: Option<String>,
+    error_contains: Option<String>,
+    older_than: Option<Duration>,
+    newer_than: Option<Duration>,
+    ids: Vec<EventId>,
+    everything: bool,
+}
+
+impl DeadFilter {
+    /// Every dead event, said explicitly: what [`discard_dead`] needs to discard them all.
+    pub fn all() -> Self {
+        DeadFilter { everything: true, ..DeadFilter::default() }
+    }
+
+    /// Only events of this type (call again to add more types).
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_types.push(event_type.into());
+        self
+    }
+
+    /// Only events of this aggregate type.
+    pub fn aggregate_type(mut self, aggregate_type: impl Into<String>) -> Self {
+        self.aggregate_type = Some(aggregate_type.into());
+        self
+    }
+
+    /// Only events of this aggregate id.
+    pub fn aggregate_id(mut self, aggregate_id: impl Into<String>) -> Self {
+        self.aggregate_id = Some(aggregate_id.into());
+        self
+    }
+
+    /// Only events whose last error contains `text`, ignoring ASCII case.
+    pub fn error_contains(mut self, text: impl Into<String>) -> Self {
+        self.error_contains = Some(text.into());
+        self
+    }
+
+    /// Only events that died more than `age` ago.
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// Only events that died less than `age` ago.
+    pub fn newer_than(mut self, age: Duration) -> Self {
+        self.newer_than = Some(age);
+        self
+    }
+
+    /// Only this event (call again, or use [`DeadFilter::ids`], to add more).
+    pub fn id(mut self, id: EventId) -> Self {
+        self.ids.push(id);
+        self
+    }
+
+    /// Only these events.
+    pub fn ids(mut self, ids: impl IntoIterator<Item = EventId>) -> Self {
+        self.ids.extend(ids);
+        self
+    }
+
+    /// The ids this filter selects (empty: any).
+    pub fn selected_ids(&self) -> &[EventId] {
+        &self.ids
+    }
+
+    /// Whether no criterion was given (the filter matches every dead event).
+    pub fn is_empty(&self) -> bool {
+        self.event_types.is_empty()
+            && self.aggregate_type.is_none()
+            && self.aggregate_id.is_none()
+            && self.error_contains.is_none()
+            && self.older_than.is_none()
+            && self.newer_than.is_none()
+            && self.ids.is_empty()
+    }
+
+    /// The condition on `outbox_events`: dead, unpublished, and every criterion.
+    pub(crate) fn condition(&self, now: DateTime<Utc>) -> Cond {
+        let now_ms = now.timestamp_millis();
+        let mut cond = Cond::all().add(Column::DeadAtMs.is_not_null()).add(Column::PublishedAtMs.is_null());
+        if !self.event_types.is_empty() {
+            cond = cond.add(Column::EventType.is_in(self.event_types.iter().cloned()));
+        }
+        if let Some(aggregate_type) = &self.aggregate_type {
+            cond = cond.add(Column::AggregateType.eq(aggregate_type.as_str()));
+        }
+        if let Some(aggregate_id) = &self.aggregate_id {
+            cond = cond.add(Column::AggregateId.eq(aggregate_id.as_str()));
+        }
+        if let Some(text) = &self.error_contains {
+            let pattern = format!("%{}%", escape_like(&text.to_ascii_lowercase()));
+            cond = cond
+                .add(Expr::expr(Func::lower(Expr::col(Column::LastError))).like(LikeExpr::new(pattern).escape('!')));
+        }
+        if let Some(age) = self.older_than {
+            cond = cond.add(Column::DeadAtMs.lte(super::cutoff_ms(now_ms, age)));
+        }
+        if let Some(age) = self.newer_than {
+            cond = cond.add(Column::DeadAtMs.gt(super::cutoff_ms(now_ms, age)));
+        }
+        if !self.ids.is_empty() {
+            cond = cond.add(Column::EventId.is_in(self.ids.iter().map(ToString::to_string)));
+        }
+        cond
+    }
+}
+
+/// `text` with the LIKE wildcards and the escape character itself escaped by `!`.
+fn escape_like(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '!' | '%' | '_') {
+            out.push('!');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One dead event as listed and shown. Times are RFC 3339 text, so printing or serialising it needs no
+/// time library.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeadEvent {
+    /// The row's sequence number.
+    pub seq: i64,
+    /// The event id.
+    pub id: String,
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// The event's position in its aggregate.
+    pub aggregate_version: i64,
+    /// The event type.
+    pub event_type: String,
+    /// The payload schema version.
+    pub schema_version: i32,
+    /// Failed attempts.
+    pub attempts: i32,
+    /// The last publish error.
+    pub last_error: Option<String>,
+    /// When the event was enqueued.
+    pub created_at: String,
+    /// When it died.
+    pub dead_at: String,
+    /// The payload ([`show_dead`] only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
+    /// The headers ([`show_dead`] only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headers: Option<serde_json::Value>,
+}
+
+pub(crate) fn rfc3339(ms: i64) -> String {
+    DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339()).unwrap_or_else(|| ms.to_string())
+}
+
+impl DeadEvent {
+    pub(crate) fn of(model: outbox_event::Model, with_payload: bool) -> Self {
+        DeadEvent {
+            seq: model.seq,
+            id: model.event_id,
+            aggregate_type: model.aggregate_type,
+            aggregate_id: model.aggregate_id,
+            aggregate_version: model.aggregate_version,
+            event_type: model.event_type,
+            schema_version: model.schema_version,
+            attempts: model.attempts,
+            last_error: model.last_error,
+            created_at: rfc3339(model.created_at_ms),
+            dead_at: rfc3339(model.dead_at_ms.unwrap_or_default()),
+            payload: with_payload.then_some(model.payload),
+            headers: with_payload.then_some(model.headers),
+        }
+    }
+}
+
+/// The first `limit` dead events `filter` selects, oldest first (by sequence), without payloads.
+pub async fn list_dead<C: ConnectionTrait>(db: &C, filter: &DeadFilter, limit: u64) -> Result<Vec<DeadEvent>> {
+    let backend = db.get_database_backend();
+    let rows = dead_rows(backend, filter)
+        .order_by_asc(Column::Seq)
+        .limit(limit)
+        .all(db)
+        .await
+        .map_err(|e| store_error("list dead events", "outbox_events", backend, e))?;
+    Ok(rows.into_iter().map(|model| DeadEvent::of(model, false)).collect())
+}
+
+/// The dead rows `filter` selects, read through `outbox_events_dead`. MySQL/MariaDB get the index by
+/// force: for `ORDER BY seq LIMIT n` the optimizer preferred walking the primary key past every published
+/// row (1.2 s with 1M published rows and 10k dead ones, against 10 ms).
+pub(crate) fn dead_rows(backend: DbBackend, filter: &DeadFilter) -> sea_orm::Select<Entity> {
+    let mut select = Entity::find().filter(filter.condition(Utc::now()));
+    if backend == DbBackend::MySql {
+        QuerySelect::query(&mut select).force_index("outbox_events_dead", IndexHintScope::All);
+    }
+    select
+}
+
+/// How many dead events `filter` selects: what a replay or discard of it would change now.
+pub async fn count_dead<C: ConnectionTrait>(db: &C, filter: &DeadFilter) -> Result<u64> {
+    let backend = db.get_database_backend();
+    dead_rows(backend, filter)
+        .count(db)
+        .await
+        .map_err(|e| store_error("count dead events", "outbox_events", backend, e))
+}
+
+/// One dead event with its payload and headers; `None` when no dead event has this id (it may be
+/// pending, published, or unknown).
+pub async fn show_dead<C: ConnectionTrait>(db: &C, id: EventId) -> Result<Option<DeadEvent>> {
+    let backend = db.get_database_backend();
+    let row = Entity::find()
+        .filter(DeadFilter::default().id(id).condition(Utc::now()))
+        .one(db)
+        .await
+        .map_err(|e| store_error("show a dead event", "outbox_events", backend, e))?;
+    Ok(row.map(|model| DeadEvent::of(model, true)))
+}
+
+/// Makes the dead events `filter` selects due now, with attempts and backoff reset (their `last_error`
+/// stays for the record); returns how many. The relays of this process are woken; others find them at
+/// their next poll. In order: an aggregate blocked by a replayed event resumes with it.
+pub async fn replay_dead(db: &DatabaseConnection, filter: &DeadFilter) -> Result<u64> {
+    let now = Utc::now();
+    let backend = db.get_database_backend();
+    let error = |operation| move |e| store_error(operation, "outbox_events", backend, e);
+    let txn = outbox_seaorm::begin(db).await.map_err(error("begin a replay"))?;
+    let now_ms = now.timestamp_millis();
+    let mut replay = Query::update();
+    replay
+        .table(Entity)
+        .value(Column::DeadAtMs, Option::<i64>::None)
+        .value(Column::Attempts, 0)
+        .value(Column::NextAttemptAtMs, now_ms)
+        .cond_where(filter.condition(now));
+    let replayed = txn.execute(&replay).await.map_err(error("replay dead rows"))?.rows_affected();
+    if replayed > 0 {
+        // After the rows, and waiting for any relay that holds an aggregate's row, whatever its hint says:
+        // a relay's clear is a compare-and-set on the hint, so changing it here is what stops a clear that
+        // was decided before this replay could be seen.
+        let replayed_now = Cond::all()
+            .add(
+                Expr::col((outbox_event::Entity, Column::AggregateType))
+                    .equals((outbox_aggregate::Entity, outbox_aggregate::Column::AggregateType)),
+            )
+            .add(
+                Expr::col((outbox_event::Entity, Column::AggregateId))
+                    .equals((outbox_aggregate::Entity, outbox_aggregate::Column::AggregateId)),
+            )
+            .add(Expr::col((outbox_event::Entity, Column::PublishedAtMs)).is_null())
+            .add(Expr::col((outbox_event::Entity, Column::DeadAtMs)).is_null())
+            .add(Expr::col((outbox_event::Entity, Column::NextAttemptAtMs)).eq(now_ms));
+        let mut exists = Query::select();
+        exists.expr(Expr::val(1)).from(outbox_event::Entity).cond_where(replayed_now);
+        let mut wake = Query::update();
+        wake.table(outbox_aggregate::Entity)
+            .value(outbox_aggregate::Column::DueAtMs, now_ms)
+            .and_where(Expr::exists(exists));
+        txn.execute(&wake).await.map_err(error("wake replayed aggregates"))?;
+    }
+    txn.commit().await.map_err(error("commit a replay"))?;
+    if replayed > 0 {
+        tracing::info!(replayed, "dead outbox events replayed");
+        outbox_seaorm::wake_relays();
+    }
+    Ok(replayed)
+}
+
+/// Deletes the dead events `filter` selects, for good; returns how many. Their aggregates resume with
+/// their next event, so consumers see a gap where each discarded event was.
+///
+/// An empty filter is refused unless it is [`DeadFilter::all`]: discarding every dead event loses data
+/// and must be asked for by name.
+pub async fn discard_dead(db: &DatabaseConnection, filter: &DeadFilter) -> Result<u64> {
+    if filter.is_empty() && !filter.everything {
+        return Err(Error::invalid_config(
+            "dead filter",
+            "is empty, which would discard every dead event; give a criterion, or DeadFilter::all() (`--all`) to \
+             discard them all",
+        ));
+    }
+    let backend = db.get_database_backend();
+    let error = |operation| move |e| store_error(operation, "outbox_events", backend, e);
+    let now = Utc::now();
+    let txn = outbox_seaorm::begin(db).await.map_err(error("begin a discard"))?;
+    let rows = Entity::find()
+        .select_only()
+        .column(Column::AggregateType)
+        .column(Column::AggregateId)
+        .filter(filter.condition(now))
+        .into_tuple::<(String, String)>()
+        .all(&txn)
+        .await
+        .map_err(error("find dead events to discard"))?;
+    let aggregates: BTreeSet<(String, String)> = rows.into_iter().collect();
+    let mut delete = Query::delete();
+    delete.from_table(Entity).cond_where(filter.condition(now));
+    let discarded = txn.execute(&delete).await.map_err(error("discard dead events"))?.rows_affected();
+    let aggregates: Vec<(String, String)> = aggregates.into_iter().collect();
+    for chunk in aggregates.chunks(200) {
+        // Their heads are gone: let the next claim find the events after them (an early hint is safe; the
+        // claim clears it when nothing is pending).
+        let mut keys = Cond::any();
+        for (aggregate_type, aggregate_id) in chunk {
+            keys = keys.add(
+                Cond::all()
+                    .add(outbox_aggregate::Column::AggregateType.eq(aggregate_type.as_str()))
+                    .add(outbox_aggregate::Column::AggregateId.eq(aggregate_id.as_str())),
+            );
+        }
+        let mut wake = Query::update();
+        wake.table(outbox_aggregate::Entity)
+            .value(outbox_aggregate::Column::DueAtMs, now.timestamp_millis())
+            .cond_where(keys);
+        txn.execute(&wake).await.map_err(error("wake the aggregates of discarded events"))?;
+    }
+    txn.commit().await.map_err(|e: DbErr| store_error("commit a discard", "outbox_events", backend, e))?;
+    if discarded > 0 {
+        tracing::warn!(discarded, "dead outbox events discarded");
+        outbox_seaorm::wake_relays();
+    }
+    Ok(discarded)
+}
