@@ -546,8 +546,8 @@ fn host_name() -> String {
     crate::text::truncate(name.as_deref().unwrap_or("unknown"), 100)
 }
 
-/// Samples the backlog and writes this service's heartbeat every interval; at shutdown, one last
-/// heartbeat that says it stopped (given 2 s, so a dead database cannot hold the shutdown).
+/// Samples the backlog and writes this service's heartbeat every interval (and each second in which it
+/// published, between samples); at shutdown, one last heartbeat that says it stopped (given 2 s, so a dead database cannot hold the shutdown).
 async fn sample_loop<S: MaintenanceStore>(
     store: Arc<S>,
     beacon: Beacon,
@@ -573,12 +573,16 @@ async fn sample_loop<S: MaintenanceStore>(
             () = shutdown.cancelled() => break,
             recorded = store.record_heartbeat(&beat) => recorded,
         };
-        if let Err(error) = recorded {
-            tracing::warn!(%error, "outbox heartbeat not recorded");
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(beacon.every) => {}
+        // What the database holds now; after a failed write, whatever count the next second has differs.
+        let told = match recorded {
+            Ok(()) => beat.published_events,
+            Err(error) => {
+                tracing::warn!(%error, "outbox heartbeat not recorded");
+                u64::MAX
+            }
+        };
+        if progress_beats(&*store, &beacon, told, &shutdown, &health).await.is_break() {
+            break;
         }
     }
     let last = beacon.beat(&health.lock(), true);
@@ -586,6 +590,48 @@ async fn sample_loop<S: MaintenanceStore>(
         Ok(Ok(())) => {}
         Ok(Err(error)) => tracing::debug!(%error, "outbox: the last heartbeat was not recorded"),
         Err(_) => tracing::debug!("outbox: the last heartbeat took over 2 s; given up"),
+    }
+}
+
+/// How often, between two stats samples, a service that published since its last heartbeat writes one.
+const PROGRESS_BEAT: Duration = Duration::from_secs(1);
+
+/// Waits until the next stats sample, writing a heartbeat each [`PROGRESS_BEAT`] in which the relays
+/// published something: a process killed between two samples shows what it published up to its last
+/// second, not up to its last sample. An idle service writes nothing more. `told`: the count the last
+/// heartbeat carried. `Break` on shutdown.
+async fn progress_beats<S: MaintenanceStore>(
+    store: &S,
+    beacon: &Beacon,
+    mut told: u64,
+    shutdown: &CancellationToken,
+    health: &SharedHealth,
+) -> std::ops::ControlFlow<()> {
+    let next_sample = tokio::time::Instant::now() + beacon.every;
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= next_sample {
+            return std::ops::ControlFlow::Continue(());
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return std::ops::ControlFlow::Break(()),
+            () = tokio::time::sleep(Ord::min(PROGRESS_BEAT, next_sample - now)) => {}
+        }
+        let beat = {
+            let health = health.lock();
+            if health.published_events == told {
+                continue;
+            }
+            told = health.published_events;
+            beacon.beat(&health, false)
+        };
+        let recorded = tokio::select! {
+            () = shutdown.cancelled() => return std::ops::ControlFlow::Break(()),
+            recorded = store.record_heartbeat(&beat) => recorded,
+        };
+        if let Err(error) = recorded {
+            tracing::debug!(%error, "outbox progress heartbeat not recorded");
+        }
     }
 }
 

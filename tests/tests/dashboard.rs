@@ -388,6 +388,13 @@ async fn relay_processes_show_alive_stopped_and_gone(t: TestDb) {
     let no = if t.backend == sea_orm::DbBackend::Postgres { "false" } else { "0" };
     let sql = killed.replace("{seen}", &ten_minutes_ago.to_string()).replace("{no}", no);
     t.db.execute_unprepared(&sql).await.unwrap_or_else(|e| panic!("{t}: {sql}: {e}"));
+    // A process that stopped two hours ago: its heartbeat is kept for a day, folded away after 15 minutes.
+    let two_hours_ago = chrono::Utc::now().timestamp_millis() - 2 * 3_600_000;
+    let sql = killed
+        .replace("killed-host:42:1', 'killed-host', 42", "old-host:7:1', 'old-host', 7")
+        .replace("{seen}", &two_hours_ago.to_string())
+        .replace("{no}", if t.backend == sea_orm::DbBackend::Postgres { "true" } else { "1" });
+    t.db.execute_unprepared(&sql).await.unwrap_or_else(|e| panic!("{t}: {sql}: {e}"));
     let service = OutboxService::builder(SeaOrmStore::new(t.db.clone()), InMemoryPublisher::new())
         .stats_interval(Duration::from_secs(1))
         .without_cleanup()
@@ -401,11 +408,65 @@ async fn relay_processes_show_alive_stopped_and_gone(t: TestDb) {
     wait_text(client, "#processes tr[data-process='killed-host:42:1'] strong.state", "gone").await;
     let row = text(client, "#processes tr[data-process='killed-host:42:1']").await;
     assert!(row.contains("killed-host pid 42") && row.contains("broker timeout"), "{t}: {row}");
+    assert!(!has(client, "#processes tr[data-process='old-host:7:1']").await, "{t}: an old stopped process is folded");
+    assert!(has(client, "#folded tr[data-process='old-host:7:1']").await, "{t}: and still there to unfold");
+    let summary = text(client, "#folded-processes summary").await;
+    assert!(summary.starts_with("1 stopped or gone process"), "{t}: {summary}");
     service.shutdown().await;
     wait_text(client, &this, "stopped").await;
     client.clone().close().await.ok();
 }
 per_backend!(relay_processes_show_alive_stopped_and_gone, "dash_relays");
+
+/// Rows published with `published_at_ms` in the last `minutes`, counted in the table.
+async fn published_within(t: &TestDb, minutes: i64) -> u64 {
+    let since = chrono::Utc::now().timestamp_millis() - minutes * 60_000;
+    outbox_rows(t).await.iter().filter(|r| r.published_at_ms.is_some_and(|at| at >= since)).count() as u64
+}
+
+/// The total the chart of `span` draws, once the page has read it.
+async fn charted(client: &Client, url: &str, span: &str) -> u64 {
+    client.goto(&format!("{url}?span={span}")).await.expect("open the overview");
+    wait_for(client, &format!("#published-chart[data-span='{span}'], #chart-error")).await;
+    if has(client, "#chart-error").await {
+        panic!("{}", text(client, "#chart-error").await);
+    }
+    let chart = client.find(Locator::Css("#published-chart")).await.expect("chart");
+    let total = chart.attr("data-published").await.expect("attribute").expect("data-published");
+    total.parse().unwrap_or_else(|e| panic!("data-published {total:?}: {e}"))
+}
+
+/// The rate chart is drawn from the published times in the table: a burst a real relay published while no
+/// page was open is on the first view, and rows published hours ago are in the 24-hour span only.
+async fn the_chart_shows_what_was_published_while_no_page_was_open(t: TestDb) {
+    let events = |prefix: &str, n: usize| -> Vec<NewEvent> {
+        (0..n).map(|i| event("order", &format!("{prefix}-{i}"), "order.placed", "")).collect()
+    };
+    enqueue_committed(&t, &[events("now", 20), events("earlier", 10)].concat()).await;
+    let relay = Relay::new(SeaOrmStore::new(t.db.clone()), InMemoryPublisher::new(), RelayConfig::default())
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+    while relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}")).published > 0 {}
+    let three_hours = 3 * 3_600_000;
+    let sql = format!(
+        "UPDATE outbox_events SET published_at_ms = published_at_ms - {three_hours} WHERE aggregate_id LIKE 'earlier-%'"
+    );
+    t.db.execute_unprepared(&sql).await.unwrap_or_else(|e| panic!("{t}: {sql}: {e}"));
+    let (recent, today) = (published_within(&t, 14).await, published_within(&t, 23 * 60).await);
+    assert_eq!((recent, today), (20, 30), "{t}: the rows as published");
+
+    let Some(browser) = browser().await else { return };
+    let client = &browser.client;
+    let url = serve(&t, DashboardConfig::read_only()).await;
+    assert_eq!(charted(client, &url, "15m").await, recent, "{t}: the last 15 minutes");
+    assert_eq!(charted(client, &url, "1h").await, recent, "{t}: the last hour");
+    assert_eq!(charted(client, &url, "24h").await, today, "{t}: the last 24 hours");
+    wait_for(client, "#spans strong.span").await;
+    assert_eq!(text(client, "#spans strong.span").await, "24h", "{t}: the span shown is marked");
+    std::fs::write(screenshot_dir().join(format!("{t}-chart-24h.png")), client.screenshot().await.expect("shot"))
+        .expect("write");
+    client.clone().close().await.ok();
+}
+per_backend!(the_chart_shows_what_was_published_while_no_page_was_open, "dash_chart");
 
 /// The host name as the service reads it.
 fn host() -> String {

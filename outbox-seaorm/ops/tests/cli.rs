@@ -301,6 +301,34 @@ async fn the_relay_publishes_and_stops_cleanly_on_sigterm(t: TestDb) {
 }
 per_backend!(the_relay_publishes_and_stops_cleanly_on_sigterm, "cli_relay_sigterm");
 
+/// A relay process killed with SIGKILL between two stats samples (an hour apart here) is listed with what
+/// it published: it writes a heartbeat each second in which it published, not only at each sample.
+async fn a_killed_relay_is_listed_with_what_it_published(t: TestDb) {
+    let events: Vec<NewEvent> = (0..25).map(|i| order(&format!("k{i}"), "order.placed")).collect();
+    enqueue(&t, &events).await;
+    let stream = format!("outbox-cli-test:{}", outbox_integration_tests::run_suffix());
+    let relay = spawn_relay_with(&t, "redis://127.0.0.1:6379", &stream, &["--stats-interval", "1h"]);
+    let pid = i64::from(relay.0.as_ref().expect("running").id());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while published(&t).await < 25 {
+        assert!(Instant::now() < deadline, "{t}: the relay published {} of 25", published(&t).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let listed = || async {
+        let relays = outbox_ops::admin::relays(&t.db).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+        relays.into_iter().find(|r| r.pid == pid)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while listed().await.is_none_or(|r| r.published_events < 25) {
+        assert!(Instant::now() < deadline, "{t}: the heartbeat still says {:?}", listed().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(relay); // SIGKILL: no last heartbeat
+    let after = listed().await.unwrap_or_else(|| panic!("{t}: the killed process is not listed"));
+    assert_eq!((after.published_events, after.stopped), (25, false), "{t}: {after:?}");
+}
+per_backend!(a_killed_relay_is_listed_with_what_it_published, "cli_killed_count");
+
 #[test]
 fn a_redis_relay_without_a_destination_refuses_to_start() {
     // Redis creates any stream an XADD names: the default `{event_type}` would send events where no

@@ -5,8 +5,10 @@
 //! is rendered on the server (maud, every database value escaped), with one small script that refreshes
 //! the overview: no build step, no CDN, works offline.
 //!
-//! - `/`: pending, dead, oldest pending age, published per second over 15 minutes, the backlog per
-//!   aggregate type and event type, the 20 aggregates most behind, and this process's relays.
+//! - `/`: pending, dead, oldest pending age, published per second over the last 15 minutes, hour or day
+//!   (`?span=15m|1h|24h`, counted from the published times in the table, so the history is there on the
+//!   first view), the backlog per aggregate type and event type, the 20 aggregates most behind, and the
+//!   relay processes.
 //! - `/dead`: the dead events, filtered by aggregate, event type, error text and age, 50 per page;
 //!   `/event?id=…`: one row in any state, payload and headers pretty-printed.
 //! - `/letters`, `/letter?s=…&id=…`: the consumers' dead letters of each broker transport given to
@@ -32,7 +34,8 @@
 //! Every query is bounded: the backlog figures read the unpublished rows once per refresh interval
 //! whatever the number of browsers (in the background, and only while someone looks), lists have a
 //! `LIMIT` and a keyset on `seq` over the dead rows' index, the chart counts a range of the
-//! published-time index every 10 seconds.
+//! published-time index per bucket: the whole span on its first view, then at most once per refresh
+//! interval the last minute or so.
 
 mod actions;
 mod auth;
@@ -63,7 +66,7 @@ use outbox_seaorm::consume::DeadLetters;
 
 use crate::admin;
 use auth::{Admin, Gate};
-use chart::{Sample, Series};
+use chart::{Bar, History, Span};
 use form::{DeadQuery, field};
 use letters::{LetterCounts, Letters};
 use outbox_seaorm::{Error, Result};
@@ -79,7 +82,6 @@ pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 pub struct DashboardConfig {
     admin_token: Option<String>,
     refresh: Duration,
-    sample_every: Duration,
     details: Vec<(String, String)>,
 }
 
@@ -88,7 +90,6 @@ impl fmt::Debug for DashboardConfig {
         f.debug_struct("DashboardConfig")
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<redacted>"))
             .field("refresh", &self.refresh)
-            .field("sample_every", &self.sample_every)
             .field("details", &self.details)
             .finish()
     }
@@ -103,12 +104,7 @@ impl Default for DashboardConfig {
 impl DashboardConfig {
     /// No actions: the pages show no button and every POST but sign-in is answered 403.
     pub fn read_only() -> Self {
-        DashboardConfig {
-            admin_token: None,
-            refresh: Duration::from_secs(5),
-            sample_every: Duration::from_secs(10),
-            details: Vec::new(),
-        }
+        DashboardConfig { admin_token: None, refresh: Duration::from_secs(5), details: Vec::new() }
     }
 
     /// Replay and discard for whoever signs in with `token` (at least [`MIN_ADMIN_TOKEN_LEN`] bytes, no
@@ -132,12 +128,6 @@ impl DashboardConfig {
     /// How often the overview refreshes itself in the browser (default 5 s; at least 1 s).
     pub fn with_refresh(mut self, every: Duration) -> Self {
         self.refresh = every.max(Duration::from_secs(1));
-        self
-    }
-
-    /// How often the published-per-second chart samples the database (default 10 s; at least 1 s).
-    pub fn with_sample_interval(mut self, every: Duration) -> Self {
-        self.sample_every = every.max(Duration::from_secs(1));
         self
     }
 
@@ -198,7 +188,7 @@ impl Dashboard {
             letter_sources: self.letter_sources,
             letter_counts: Mutex::new(Vec::new()),
             reading: tokio::sync::Mutex::new(()),
-            series: Mutex::new(Series::default()),
+            histories: tokio::sync::Mutex::new(Span::ALL.map(History::new)),
             backlog: Mutex::new(None),
             viewed_at_ms: AtomicI64::new(0),
             sampler: OnceLock::new(),
@@ -229,7 +219,8 @@ struct Shared {
     letter_counts: Mutex<Vec<LetterCounts>>,
     /// Held while the backlog is read: one read at a time.
     reading: tokio::sync::Mutex<()>,
-    series: Mutex<Series>,
+    /// The chart's counts per span, read from the table on view and kept between views.
+    histories: tokio::sync::Mutex<[History; 3]>,
     /// The last reading of the backlog: the pages show it, the sampler renews it.
     backlog: Mutex<Option<std::result::Result<Backlog, String>>>,
     /// When a page last showed the backlog (epoch ms): the sampler reads it only while someone looks.
@@ -271,32 +262,17 @@ impl Shared {
         }
     }
 
-    /// Starts the sampler once; it stops when the router is dropped. Every tick it counts the rows
-    /// published since the last chart sample (every `sample_every`, viewed or not: a range of the
-    /// published-time index) and, while a page was viewed in the last two minutes, reads the backlog
-    /// again (every `refresh`): the pages answer from memory however many browsers refresh them.
+    /// Starts the sampler once; it stops when the router is dropped. While a page was viewed in the last
+    /// two minutes it reads the backlog again every `refresh`: the pages answer from memory however many
+    /// browsers refresh them.
     fn start_sampler(self: &Arc<Self>) {
         self.sampler.get_or_init(|| {
             let shared = Arc::downgrade(self);
-            let (refresh, every) = (self.config.refresh, self.config.sample_every);
+            let refresh = self.config.refresh;
             tokio::spawn(async move {
-                let mut from_ms = Utc::now().timestamp_millis() - every.as_millis() as i64;
                 loop {
                     let Some(this) = shared.upgrade() else { break };
                     let now_ms = Utc::now().timestamp_millis();
-                    if now_ms - from_ms >= every.as_millis() as i64 {
-                        match read::published_between(&this.db, from_ms, now_ms).await {
-                            Ok(n) => {
-                                let per_second = n as f64 * 1000.0 / Ord::max(now_ms - from_ms, 1) as f64;
-                                this.series
-                                    .lock()
-                                    .unwrap_or_else(PoisonError::into_inner)
-                                    .push(Sample { at_ms: now_ms, per_second });
-                                from_ms = now_ms;
-                            }
-                            Err(error) => tracing::debug!(%error, "dashboard: cannot sample the published rate"),
-                        }
-                    }
                     let viewed = now_ms - this.viewed_at_ms.load(Ordering::Relaxed) < VIEWED_FOR.as_millis() as i64;
                     let read_at = match &*this.backlog.lock().unwrap_or_else(PoisonError::into_inner) {
                         Some(Ok(backlog)) => backlog.read_at_ms,
@@ -306,10 +282,35 @@ impl Shared {
                         let _kept_for_the_pages = this.fresh_backlog(refresh).await;
                     }
                     drop(this);
-                    tokio::time::sleep(Ord::min(refresh, every)).await;
+                    tokio::time::sleep(refresh).await;
                 }
             });
         });
+    }
+
+    /// The bars of `span` and the rate of the last complete 15 seconds, from the published times in the
+    /// table: the whole span on the first view, then at most once per refresh interval only the buckets
+    /// that may still change. Concurrent views wait for one read.
+    async fn chart(&self, span: Span) -> std::result::Result<(Vec<Bar>, Option<f64>), String> {
+        let mut histories = self.histories.lock().await;
+        let now_ms = Utc::now().timestamp_millis();
+        for wanted in [Span::Quarter, span] {
+            let history = &mut histories[Span::ALL.iter().position(|s| *s == wanted).unwrap_or(0)];
+            if now_ms - history.read_at_ms < self.config.refresh.as_millis() as i64 {
+                continue;
+            }
+            let (from_ms, bucket_ms) = history.next_read(now_ms);
+            match read::published_per_bucket(&self.db, from_ms, bucket_ms).await {
+                Ok(counts) => history.merge(from_ms, counts, now_ms),
+                Err(error) => {
+                    tracing::debug!(%error, "dashboard: cannot count the published rows");
+                    return Err(error.to_string());
+                }
+            }
+        }
+        let rate = chart::last_rate(&histories[0].bars(now_ms));
+        let position = Span::ALL.iter().position(|s| *s == span).unwrap_or(0);
+        Ok((histories[position].bars(now_ms), rate))
     }
 
     /// The kept reading of the backlog when it is younger than `max_age`; otherwise a new one. One read at
@@ -352,7 +353,7 @@ impl Shared {
 
     /// The overview. `wait`: read the backlog when the kept reading is stale (the fragment); otherwise
     /// (the page) answer at once with a placeholder the script replaces as soon as the reading is done.
-    async fn overview_markup(self: &Arc<Self>, frame: &Frame<'_>, wait: bool) -> Markup {
+    async fn overview_markup(self: &Arc<Self>, frame: &Frame<'_>, span: Span, wait: bool) -> Markup {
         self.viewed_at_ms.store(Utc::now().timestamp_millis(), Ordering::Relaxed);
         self.start_sampler();
         // The sampler's reading, unless nobody looked for a while and it stopped renewing it.
@@ -366,12 +367,13 @@ impl Shared {
                 return view::reading();
             }
         };
-        let samples = self.series.lock().unwrap_or_else(PoisonError::into_inner).samples();
+        let chart = self.chart(span).await;
         let letters = self.letter_counts.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let overview = view::Overview {
             letters: &letters,
             backlog,
-            samples: &samples,
+            chart,
+            span,
             now_ms: Utc::now().timestamp_millis(),
             health: self.health.as_ref().and_then(|health| health()),
             details: &self.config.details,
@@ -389,15 +391,21 @@ fn base(original: &Uri, uri: &Uri) -> String {
 
 type Ctx = State<Arc<Shared>>;
 
-async fn index(State(s): Ctx, visit: Visit) -> Response {
+/// The chart's span the query names (`span=15m|1h|24h`).
+fn span_of(query: Option<&str>) -> Span {
+    let pairs = form::pairs(query.unwrap_or_default().as_bytes());
+    Span::parse(field(&pairs, "span"))
+}
+
+async fn index(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> Response {
     let frame = s.frame(&visit);
-    let body = s.overview_markup(&frame, false).await;
+    let body = s.overview_markup(&frame, span_of(query.as_deref()), false).await;
     html(StatusCode::OK, view::page(&frame, "Overview", body))
 }
 
-async fn overview_fragment(State(s): Ctx, visit: Visit) -> Response {
+async fn overview_fragment(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> Response {
     let frame = s.frame(&visit);
-    html(StatusCode::OK, s.overview_markup(&frame, true).await)
+    html(StatusCode::OK, s.overview_markup(&frame, span_of(query.as_deref()), true).await)
 }
 
 async fn dead(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> Response {

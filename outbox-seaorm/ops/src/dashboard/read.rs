@@ -2,7 +2,7 @@
 
 use chrono::Utc;
 use sea_orm::sea_query::{Alias, Cond, Expr, ExprTrait, Query};
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use crate::admin::{self, DeadEvent, DeadFilter, RelayProcess, Stats};
 use crate::error::store_error;
@@ -124,20 +124,35 @@ async fn behind<C: ConnectionTrait>(db: &C) -> Result<Vec<Behind>> {
         .collect())
 }
 
-/// Rows published in `(from_ms, to_ms]`: a range of the published-time index.
-pub(super) async fn published_between<C: ConnectionTrait>(db: &C, from_ms: i64, to_ms: i64) -> Result<u64> {
+/// Rows published from `from_ms` on, per bucket of `bucket_ms` (bucket start → rows): one grouped range
+/// read of the published-time index (`outbox_events_published`; on MySQL/MariaDB `outbox_events_pending`,
+/// whose first column it is).
+pub(super) async fn published_per_bucket<C: ConnectionTrait>(
+    db: &C,
+    from_ms: i64,
+    bucket_ms: i64,
+) -> Result<Vec<(i64, u64)>> {
     let backend = db.get_database_backend();
+    // Integer division: `/` of two integers on PostgreSQL and SQLite, `DIV` on MySQL (sea-query's
+    // placeholders are `$n` on PostgreSQL, `?` elsewhere).
+    let bucket = match backend {
+        DbBackend::Postgres => "(published_at_ms - $1) / $2",
+        DbBackend::MySql => "(published_at_ms - ?) DIV ?",
+        _ => "(published_at_ms - ?) / ?",
+    };
     let mut query = Query::select();
     query
+        .expr_as(Expr::cust_with_values(bucket, [from_ms, bucket_ms]), Alias::new("bucket"))
         .expr_as(Expr::cust("COUNT(*)"), Alias::new("n"))
         .from(Entity)
-        .and_where(Expr::col(Column::PublishedAtMs).gt(from_ms))
-        .and_where(Expr::col(Column::PublishedAtMs).lte(to_ms));
+        .and_where(Expr::col(Column::PublishedAtMs).gte(from_ms))
+        .add_group_by([Expr::cust("1")]);
     let error = |e| store_error("count published rows", "outbox_events", backend, e);
-    match db.query_one(&query).await.map_err(error)? {
-        Some(row) => admin::count(&row, "n").map_err(error),
-        None => Ok(0),
-    }
+    let rows = db.query_all(&query).await.map_err(error)?;
+    rows.iter()
+        .map(|row| Ok((from_ms + row.try_get::<i64>("", "bucket")? * bucket_ms, admin::count(row, "n")?)))
+        .collect::<std::result::Result<_, sea_orm::DbErr>>()
+        .map_err(error)
 }
 
 /// One page of the dead events `filter` selects, oldest first, after `after` (a `seq`), and whether

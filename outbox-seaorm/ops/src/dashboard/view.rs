@@ -6,7 +6,7 @@ use maud::{DOCTYPE, Markup, PreEscaped, html};
 use outbox_seaorm::Health;
 
 use super::auth::Admin;
-use super::chart::{self, Sample};
+use super::chart::{self, Bar, Span};
 use super::form::{DeadQuery, FILTER_FIELDS, LETTER_FIELDS};
 use super::letters::{COUNT_CAP, LIST_LIMIT, LetterCounts};
 use super::read::{Backlog, DEAD_PAGE};
@@ -79,7 +79,9 @@ fn session(frame: &Frame<'_>) -> Markup {
 /// What the overview shows.
 pub(super) struct Overview<'a> {
     pub backlog: Result<Backlog, String>,
-    pub samples: &'a [Sample],
+    /// The chart's bars and the rate of the last complete 15 s, or why they could not be read.
+    pub chart: Result<(Vec<Bar>, Option<f64>), String>,
+    pub span: Span,
     pub now_ms: i64,
     pub health: Option<Health>,
     pub details: &'a [(String, String)],
@@ -90,7 +92,7 @@ pub(super) struct Overview<'a> {
 /// The part of the overview that refreshes itself.
 pub(super) fn overview(frame: &Frame<'_>, overview: &Overview<'_>) -> Markup {
     let base = frame.base;
-    let rate = overview.samples.last().map(|s| s.per_second);
+    let rate = overview.chart.as_ref().ok().and_then(|(_, rate)| *rate);
     html! {
         div #overview {
             @match &overview.backlog {
@@ -110,11 +112,20 @@ pub(super) fn overview(frame: &Frame<'_>, overview: &Overview<'_>) -> Markup {
                         }
                     }
                     section {
-                        h2 { "Published per second, last 15 minutes" }
-                        @if overview.samples.is_empty() {
-                            p.muted { "The first sample is being taken." }
-                        } @else {
-                            (PreEscaped(chart::svg(overview.samples, overview.now_ms)))
+                        h2 { "Published per second, " (overview.span.label()) }
+                        nav.spans #spans {
+                            @for span in Span::ALL {
+                                @if span == overview.span {
+                                    strong.span { (span.param()) }
+                                } @else {
+                                    a.span href={ (home(base)) "?span=" (span.param()) } { (span.param()) }
+                                }
+                                " "
+                            }
+                        }
+                        @match &overview.chart {
+                            Ok((bars, _)) => (PreEscaped(chart::svg(bars, overview.span))),
+                            Err(message) => p.error #chart-error { "Cannot count the published rows: " (message) },
                         }
                     }
                     section.split {
@@ -224,30 +235,52 @@ fn letter_counts(frame: &Frame<'_>, sources: &[LetterCounts]) -> Markup {
     }
 }
 
-/// Every relay process's last heartbeat.
+/// How long a stopped or gone process stays in the relays table before it folds into a closed list (its
+/// heartbeat stays in the database for a day).
+const FOLD_AFTER_MS: i64 = 15 * 60_000;
+
+/// Every relay process's last heartbeat: the running ones and those that stopped or went quiet in the last
+/// 15 minutes, then the older ones folded.
 fn processes(relays: &Result<Vec<RelayProcess>, String>, now_ms: i64) -> Markup {
-    let ago = |ms: i64| format!("{} ago", age(u64::try_from((now_ms - ms) / 1000).unwrap_or(0)));
+    let folded =
+        |relay: &&RelayProcess| matches!(relay.state, "stopped" | "gone") && now_ms - relay.seen_at_ms > FOLD_AFTER_MS;
     html! {
         @match relays {
             Err(message) => p.error #processes-error { "Cannot read the heartbeats: " (message) },
             Ok(relays) if relays.is_empty() => p.muted #processes-empty { "No relay process has written a heartbeat in the last day (an OutboxService writes one at every stats sample)." },
-            Ok(relays) => table #processes {
-                thead { tr { th { "process" } th { "state" } th.num { "relays" } th { "last heartbeat" } th { "last successful pass" } th.num { "failures in a row" } th.num { "published" } th { "last error" } } }
-                tbody {
-                    @for relay in relays {
-                        tr data-process=(relay.process) {
-                            td { (relay.host) " pid " (relay.pid) }
-                            td { strong class={ "state " (relay.state) } { (relay.state) } }
-                            td.num { (relay.relays) }
-                            td { (ago(relay.seen_at_ms)) }
-                            td { (relay.last_success_at_ms.map(ago).unwrap_or_else(|| "none yet".to_owned())) }
-                            td.num { (relay.consecutive_failures) }
-                            td.num { (relay.published_events) }
-                            td.error-text { (relay.last_error.as_deref().unwrap_or("")) }
-                        }
+            Ok(relays) => {
+                @let (old, recent): (Vec<&RelayProcess>, Vec<&RelayProcess>) = relays.iter().partition(folded);
+                (process_table("processes", &recent, now_ms))
+                @if !old.is_empty() {
+                    details #folded-processes {
+                        summary { (old.len()) " stopped or gone " @if old.len() == 1 { "process" } @else { "processes" } ", last seen over 15 minutes ago" }
+                        (process_table("folded", &old, now_ms))
                     }
                 }
             },
+        }
+    }
+}
+
+fn process_table(id: &str, relays: &[&RelayProcess], now_ms: i64) -> Markup {
+    let ago = |ms: i64| format!("{} ago", age(u64::try_from((now_ms - ms) / 1000).unwrap_or(0)));
+    html! {
+        table id=(id) {
+            thead { tr { th { "process" } th { "state" } th.num { "relays" } th { "last heartbeat" } th { "last successful pass" } th.num { "failures in a row" } th.num { "published" } th { "last error" } } }
+            tbody {
+                @for relay in relays {
+                    tr data-process=(relay.process) {
+                        td { (relay.host) " pid " (relay.pid) }
+                        td { strong class={ "state " (relay.state) } { (relay.state) } }
+                        td.num { (relay.relays) }
+                        td { (ago(relay.seen_at_ms)) }
+                        td { (relay.last_success_at_ms.map(ago).unwrap_or_else(|| "none yet".to_owned())) }
+                        td.num { (relay.consecutive_failures) }
+                        td.num.published { (relay.published_events) }
+                        td.error-text { (relay.last_error.as_deref().unwrap_or("")) }
+                    }
+                }
+            }
         }
     }
 }
@@ -262,7 +295,10 @@ fn relays(health: Option<&Health>, details: &[(String, String)]) -> Markup {
                         tr { th { "state" } td #relay-state { (if h.stopped { "stopped" } else if h.is_healthy() { "healthy" } else { "failing" }) } }
                         tr { th { "last successful pass" } td { (h.last_success_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "none yet".to_owned())) } }
                         tr { th { "failures in a row" } td { (h.consecutive_failures) } }
-                        tr { th { "last error" } td.error-text { (h.last_error.as_deref().unwrap_or("none")) } }
+                        tr {
+                            th { "last error" }
+                            @match &h.last_error { Some(error) => td.error-text { (error) }, None => td.muted { "none" } }
+                        }
                         tr { th { "published since start" } td { (h.published_events) } }
                         tr { th { "last cleanup" } td { (h.last_cleanup_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "none yet".to_owned())) } }
                     }

@@ -4,7 +4,8 @@
   var body = document.body;
   if (!document.getElementById("overview")) return;
   var every = Number(body.getAttribute("data-refresh-ms")) || 5000;
-  var url = body.getAttribute("data-base") + "/fragments/overview";
+  // The same chart span as the page (`?span=1h`).
+  var url = body.getAttribute("data-base") + "/fragments/overview" + window.location.search;
   function refresh() {
     fetch(url, { credentials: "same-origin", headers: { Accept: "text/html" } })
       .then(function (response) { return response.ok ? response.text() : null; })
