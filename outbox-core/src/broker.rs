@@ -214,14 +214,20 @@ impl Destination {
 
     /// The destination of `event`.
     pub fn render(&self, event: &OutboxEvent) -> String {
+        self.render_for(&event.aggregate_type, &event.aggregate_id, &event.event_type, event.schema_version)
+    }
+
+    /// The destination of an event with these fields (what a row's columns hold): where the relay sends it,
+    /// for tools that show it without claiming the row.
+    pub fn render_for(&self, aggregate_type: &str, aggregate_id: &str, event_type: &str, version: i32) -> String {
         let mut out = String::new();
         for part in &self.parts {
             match part {
                 Part::Literal(s) => out.push_str(s),
-                Part::AggregateType => out.push_str(&event.aggregate_type),
-                Part::AggregateId => out.push_str(&event.aggregate_id),
-                Part::EventType => out.push_str(&event.event_type),
-                Part::Version => out.push_str(&event.schema_version.to_string()),
+                Part::AggregateType => out.push_str(aggregate_type),
+                Part::AggregateId => out.push_str(aggregate_id),
+                Part::EventType => out.push_str(event_type),
+                Part::Version => out.push_str(&version.to_string()),
             }
         }
         out

@@ -344,6 +344,99 @@ async fn a_dead_event_is_found_opened_and_replayed_with_the_token(t: TestDb) {
     client.clone().close().await.ok();
 }
 
+/// A dead row the relay cannot decode is not offered for replay (it would die again), and its page says why;
+/// once the row is fixed with SQL, Replay is offered and the relay publishes it.
+async fn a_row_that_cannot_decode_is_not_offered_for_replay_until_fixed(t: TestDb) {
+    enqueue_committed(&t, &[event("order", "bad-1", "order.placed", "")]).await;
+    let id = outbox_rows(&t).await[0].event_id.clone();
+    let set_headers = |value: &str| format!("UPDATE outbox_events SET headers = '{value}' WHERE event_id = '{id}'");
+    t.db.execute_unprepared(&set_headers("[1, 2]")).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let relay =
+        Relay::new(SeaOrmStore::new(t.db.clone()), InMemoryPublisher::new(), RelayConfig::default()).expect("config");
+    relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let row = outbox_rows(&t).await.remove(0);
+    assert!(
+        row.dead_at_ms.is_some() && row.last_error.as_deref().unwrap_or("").contains("undecodable"),
+        "{t}: {row:?}"
+    );
+
+    let Some(browser) = browser().await else { return };
+    let client = &browser.client;
+    let url = serve(&t, DashboardConfig::read_only().with_admin_token(TOKEN).expect("token")).await;
+    let event_url = format!("{url}/event?id={id}");
+    client.goto(&event_url).await.expect("open the event");
+    client.find(Locator::Css("#token")).await.expect("token field").send_keys(TOKEN).await.expect("type");
+    click(client, "#sign-in").await;
+    wait_text(client, "#signed-in", "signed in as admin").await;
+    client.goto(&event_url).await.expect("back to the event");
+    wait_for(client, "#discard-one").await;
+    assert!(!has(client, "#replay-one").await, "{t}: Replay offered for a row that cannot decode");
+    let why = text(client, "#cannot-replay").await;
+    assert!(why.contains("headers are not a JSON map of strings"), "{t}: {why}");
+
+    t.db.execute_unprepared(&set_headers("{}")).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    client.goto(&event_url).await.expect("the fixed event");
+    wait_for(client, "#replay-one").await;
+    assert!(!has(client, "#cannot-replay").await, "{t}: the fixed row still said it cannot decode");
+    click(client, "#replay-one").await;
+    wait_text(client, "#confirm-count", "1").await;
+    click(client, "#confirm").await;
+    wait_text(client, "#changed", "1").await;
+    relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    assert!(outbox_rows(&t).await[0].published_at_ms.is_some(), "{t}: the fixed row was not published");
+    client.clone().close().await.ok();
+}
+per_backend!(a_row_that_cannot_decode_is_not_offered_for_replay_until_fixed, "dash_undecodable");
+
+/// "Was this order's event sent, when, and where": the lookup by aggregate lists its events newest first,
+/// with the state, the published time and the destination the table and the relay's template give.
+async fn an_aggregate_lookup_says_whether_when_and_where_each_event_went(t: TestDb) {
+    let placed = [event("order", "o-1", "order.placed", ""), event("order", "o-1", "order.paid", "")];
+    enqueue_committed(&t, &[placed.as_slice(), &[event("order", "o-2", "order.placed", "")]].concat()).await;
+    let relay =
+        Relay::new(SeaOrmStore::new(t.db.clone()), InMemoryPublisher::new(), RelayConfig::default()).expect("config");
+    while relay.run_once().await.unwrap_or_else(|e| panic!("{t}: {e}")).published > 0 {}
+    enqueue_committed(&t, &[event("order", "o-1", "order.shipped", "")]).await;
+    let rfc3339 = |ms: i64| chrono::DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339()).unwrap_or_default();
+    let mut expected: Vec<[String; 4]> = outbox_rows(&t)
+        .await
+        .into_iter()
+        .filter(|r| r.aggregate_id == "o-1")
+        .map(|r| {
+            let state = if r.published_at_ms.is_some() { "published" } else { "pending" };
+            let published = r.published_at_ms.map(rfc3339).unwrap_or_else(|| "not yet".to_owned());
+            [r.aggregate_version.to_string(), state.to_owned(), published, format!("order.{}", r.event_type)]
+        })
+        .collect();
+    expected.reverse();
+
+    let Some(browser) = browser().await else { return };
+    let client = &browser.client;
+    let destination = Destination::parse("{aggregate_type}.{event_type}").expect("template");
+    let url = serve(&t, DashboardConfig::read_only().with_destination(destination)).await;
+    client.goto(&url).await.expect("open the overview");
+    let find = client.form(Locator::Css("#find-aggregate")).await.expect("the lookup form");
+    find.set_by_name("aggregate_type", "order").await.expect("type");
+    find.set_by_name("aggregate_id", "o-1").await.expect("type").submit().await.expect("find");
+    wait_for(client, "#aggregate-events").await;
+    let mut shown = Vec::new();
+    for row in client.find_all(Locator::Css("#aggregate-events tbody tr")).await.expect("rows") {
+        let cell = |css: &'static str| {
+            let row = row.clone();
+            async move { row.find(Locator::Css(css)).await.expect(css).text().await.expect("text") }
+        };
+        shown.push([
+            cell("td.num").await,
+            cell("strong.state").await,
+            cell("td.published-at").await,
+            cell("td.destination").await,
+        ]);
+    }
+    assert_eq!(shown, expected, "{t}: the aggregate's events, newest first");
+    client.clone().close().await.ok();
+}
+per_backend!(an_aggregate_lookup_says_whether_when_and_where_each_event_went, "dash_lookup");
+
 async fn without_the_token_or_its_csrf_nothing_changes(t: TestDb) {
     seed(&t).await;
     let Some(browser) = browser().await else { return };

@@ -9,6 +9,8 @@
 //!   (`?span=15m|1h|24h`, counted from the published times in the table, so the history is there on the
 //!   first view), the backlog per aggregate type and event type, the 20 aggregates most behind, and the
 //!   relay processes.
+//! - `/aggregate?aggregate_type=…&aggregate_id=…`: one aggregate's latest 100 events, whether and when each
+//!   was published and where to ([`DashboardConfig::with_destination`]).
 //! - `/dead`: the dead events, filtered by aggregate, event type, error text and age, 50 per page;
 //!   `/event?id=…`: one row in any state, payload and headers pretty-printed.
 //! - `/letters`, `/letter?s=…&id=…`: the consumers' dead letters of each broker transport given to
@@ -61,8 +63,8 @@ use chrono::Utc;
 use maud::Markup;
 use sea_orm::DatabaseConnection;
 
-use outbox_seaorm::Health;
 use outbox_seaorm::consume::DeadLetters;
+use outbox_seaorm::{Destination, Health};
 
 use crate::admin;
 use auth::{Admin, Gate};
@@ -83,6 +85,7 @@ pub struct DashboardConfig {
     admin_token: Option<String>,
     refresh: Duration,
     details: Vec<(String, String)>,
+    destination: Option<Destination>,
 }
 
 impl fmt::Debug for DashboardConfig {
@@ -91,6 +94,7 @@ impl fmt::Debug for DashboardConfig {
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<redacted>"))
             .field("refresh", &self.refresh)
             .field("details", &self.details)
+            .field("destination", &self.destination.as_ref().map(Destination::template))
             .finish()
     }
 }
@@ -104,7 +108,7 @@ impl Default for DashboardConfig {
 impl DashboardConfig {
     /// No actions: the pages show no button and every POST but sign-in is answered 403.
     pub fn read_only() -> Self {
-        DashboardConfig { admin_token: None, refresh: Duration::from_secs(5), details: Vec::new() }
+        DashboardConfig { admin_token: None, refresh: Duration::from_secs(5), details: Vec::new(), destination: None }
     }
 
     /// Replay and discard for whoever signs in with `token` (at least [`MIN_ADMIN_TOKEN_LEN`] bytes, no
@@ -128,6 +132,13 @@ impl DashboardConfig {
     /// How often the overview refreshes itself in the browser (default 5 s; at least 1 s).
     pub fn with_refresh(mut self, every: Duration) -> Self {
         self.refresh = every.max(Duration::from_secs(1));
+        self
+    }
+
+    /// Where the relay publishes: the aggregate lookup and the event pages then show each event's
+    /// destination (subject, topic, routing key or stream), rendered from the row as the relay renders it.
+    pub fn with_destination(mut self, destination: Destination) -> Self {
+        self.destination = Some(destination);
         self
     }
 
@@ -198,6 +209,7 @@ impl Dashboard {
             .route("/fragments/overview", get(overview_fragment))
             .route("/dead", get(dead))
             .route("/event", get(event))
+            .route("/aggregate", get(aggregate))
             .route("/letters", get(letter_list))
             .route("/letter", get(letter))
             .route("/login", post(login))
@@ -435,10 +447,32 @@ async fn event(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> Respon
     match read::event(&s.db, &id).await {
         Ok(row) => {
             let status = if row.is_some() { StatusCode::OK } else { StatusCode::NOT_FOUND };
-            html(status, view::page(&frame, "Event", view::event(&frame, &id, row.as_ref())))
+            let destination = s.config.destination.as_ref();
+            html(status, view::page(&frame, "Event", view::event(&frame, &id, row.as_ref(), destination)))
         }
         Err(error) => failure(&frame, &error),
     }
+}
+
+async fn aggregate(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> Response {
+    let frame = s.frame(&visit);
+    let pairs = form::pairs(query.unwrap_or_default().as_bytes());
+    let trimmed = |name| field(&pairs, name).map(str::trim).filter(|v| !v.is_empty());
+    let (aggregate_type, aggregate_id) = (trimmed("aggregate_type"), trimmed("aggregate_id"));
+    let events = match (aggregate_type, aggregate_id) {
+        (Some(aggregate_type), Some(aggregate_id)) => {
+            read::aggregate_events(&s.db, aggregate_type, aggregate_id).await.map_err(|e| e.to_string())
+        }
+        _ => Err("give both the aggregate type and the aggregate id (the lookup reads the outbox by both)".to_owned()),
+    };
+    let status = if events.is_err() { StatusCode::BAD_REQUEST } else { StatusCode::OK };
+    let lookup = view::Lookup {
+        aggregate_type: aggregate_type.unwrap_or_default(),
+        aggregate_id: aggregate_id.unwrap_or_default(),
+        events,
+        destination: s.config.destination.as_ref(),
+    };
+    html(status, view::page(&frame, "Aggregate", view::aggregate(&frame, &lookup)))
 }
 
 async fn letter_list(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> Response {

@@ -155,6 +155,27 @@ pub(super) async fn published_per_bucket<C: ConnectionTrait>(
         .map_err(error)
 }
 
+/// Most events the aggregate lookup lists.
+pub(super) const AGGREGATE_LIMIT: u64 = 100;
+
+/// One aggregate's latest [`AGGREGATE_LIMIT`] events, newest first, in any state: a backward range of
+/// `outbox_events_version` (aggregate type, id, version), which holds every row.
+pub(super) async fn aggregate_events<C: ConnectionTrait>(
+    db: &C,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> Result<Vec<outbox_event::Model>> {
+    let backend = db.get_database_backend();
+    Entity::find()
+        .filter(Column::AggregateType.eq(aggregate_type))
+        .filter(Column::AggregateId.eq(aggregate_id))
+        .order_by_desc(Column::AggregateVersion)
+        .limit(AGGREGATE_LIMIT)
+        .all(db)
+        .await
+        .map_err(|e| store_error("read an aggregate's events", "outbox_events", backend, e))
+}
+
 /// One page of the dead events `filter` selects, oldest first, after `after` (a `seq`), and whether
 /// another page follows.
 pub(super) async fn dead_page<C: ConnectionTrait>(

@@ -54,6 +54,11 @@ fn destination(args: &BrokerArgs, kind: BrokerKind) -> outbox_seaorm::Result<Des
     }
 }
 
+/// Where this relay publishes (checked by [`kind`] first).
+pub fn relay_destination(args: &BrokerArgs) -> outbox_seaorm::Result<Destination> {
+    destination(args, kind(args)?)
+}
+
 /// Connects once; the caller retries while the broker is down.
 pub async fn connect(args: &BrokerArgs) -> outbox_seaorm::Result<AnyPublisher> {
     let destination = destination(args, kind(args)?)?;

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 
 use clap::Args;
 use outbox_ops::dashboard::{Dashboard, DashboardConfig};
+use outbox_seaorm::Destination;
 use outbox_seaorm::brokers::BrokerKind;
 use sea_orm::DatabaseConnection;
 
@@ -19,6 +20,14 @@ pub struct DashboardArgs {
     /// `openssl rand -hex 32`). Without it the dashboard is read-only.
     #[arg(long, env = "OUTBOX_ADMIN_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     pub admin_token: Option<String>,
+}
+
+/// `outbox dashboard`'s view of the relay: where it publishes, to show each event's destination.
+#[derive(Args, Clone)]
+pub struct RelayDestination {
+    /// The relay's destination template (`outbox relay --destination`), to show where each event went.
+    #[arg(long, env = "OUTBOX_DESTINATION")]
+    destination: Option<String>,
 }
 
 impl DashboardArgs {
@@ -41,6 +50,8 @@ pub struct ServeArgs {
     http: SocketAddr,
     #[command(flatten)]
     dashboard: DashboardArgs,
+    #[command(flatten)]
+    relay: RelayDestination,
     /// Show a consumer's dead letters too, at this broker (nats://, kafka://, amqp://, redis://), with the
     /// flags of `outbox dead-letters` that say where, e.g. `--broker redis://… --stream orders --group
     /// billing`. Not read from `OUTBOX_BROKER`, which names the relay's broker.
@@ -65,7 +76,10 @@ impl ServeArgs {
 /// Serves the dashboard until SIGTERM or SIGINT.
 pub async fn run(db: DatabaseConnection, args: ServeArgs) -> Result<(), CliError> {
     crate::db::migrated(&db).await?;
-    let config = args.dashboard.config()?.with_detail("relay", "not in this process (`outbox dashboard`)");
+    let mut config = args.dashboard.config()?.with_detail("relay", "not in this process (`outbox dashboard`)");
+    if let Some(template) = &args.relay.destination {
+        config = config.with_destination(Destination::parse(template)?);
+    }
     let shutdown = outbox_seaorm::CancellationToken::new();
     tokio::spawn(crate::relay::cancel_on_signal(shutdown.clone()));
     let listener = tokio::net::TcpListener::bind(args.http)

@@ -271,7 +271,8 @@ fn dashboard_router(
         .config()?
         .with_detail("broker", redact_url(&args.broker.broker))
         .with_detail("relay tasks", args.relays.to_string())
-        .with_detail("wake-up", wake);
+        .with_detail("wake-up", wake)
+        .with_destination(crate::broker::relay_destination(&args.broker)?);
     let service = shared.service.clone();
     Ok(outbox_ops::dashboard::Dashboard::new(db.clone(), config)
         .with_health(move || service.get().map(OutboxService::health))

@@ -12,7 +12,11 @@ use super::letters::{COUNT_CAP, LIST_LIMIT, LetterCounts};
 use super::read::{Backlog, DEAD_PAGE};
 use crate::admin::{DeadEvent, GroupStats, RelayProcess, rfc3339};
 use outbox_seaorm::consume::DeadLetterEntry;
-use outbox_seaorm::entity::outbox_event;
+
+mod event;
+
+use event::pretty;
+pub(super) use event::{Lookup, aggregate, event};
 
 /// What every page needs: where the dashboard is mounted and who is looking.
 pub(super) struct Frame<'a> {
@@ -45,6 +49,11 @@ pub(super) fn page(frame: &Frame<'_>, title: &str, body: Markup) -> Markup {
                         a href=(home(base)) { "Overview" }
                         a href={ (base) "/dead" } { "Dead events" }
                         @if frame.letter_sources > 0 { a href={ (base) "/letters" } { "Consumer dead letters" } }
+                        form #find-aggregate method="get" action={ (base) "/aggregate" } {
+                            input name="aggregate_type" placeholder="aggregate type" aria-label="aggregate type" required;
+                            input name="aggregate_id" placeholder="aggregate id" aria-label="aggregate id" required;
+                            button #find type="submit" { "Find" }
+                        }
                     }
                     (session(frame))
                 }
@@ -383,53 +392,6 @@ fn filter_fields(query: &DeadQuery) -> Markup {
             @if let Some(value) = query.value(name) { input type="hidden" name=(name) value=(value); }
         }
     }
-}
-
-/// One outbox row, in whatever state.
-pub(super) fn event(frame: &Frame<'_>, id: &str, row: Option<&outbox_event::Model>) -> Markup {
-    let base = frame.base;
-    html! {
-        @match row {
-            None => { h1 { "No such event" } p #event-state { "No outbox row has the id " code { (id) } " (it may have been cleaned up or discarded)." } }
-            Some(row) => {
-                @let state = if row.published_at_ms.is_some() { "published" } else if row.dead_at_ms.is_some() { "dead" } else { "pending" };
-                h1 { (row.event_type) " v" (row.schema_version) }
-                p { "State: " strong #event-state class=(state) { (state) } }
-                table.detail {
-                    tbody {
-                        tr { th { "event id" } td #event-id { (row.event_id) } }
-                        tr { th { "aggregate" } td { (row.aggregate_type) " / " (row.aggregate_id) " version " (row.aggregate_version) } }
-                        tr { th { "seq" } td { (row.seq) } }
-                        tr { th { "attempts" } td #attempts { (row.attempts) } }
-                        tr { th { "created" } td { (rfc3339(row.created_at_ms)) } }
-                        tr { th { "next attempt" } td { (rfc3339(row.next_attempt_at_ms)) } }
-                        tr { th { "published" } td #published-at { (row.published_at_ms.map(rfc3339).unwrap_or_else(|| "not yet".to_owned())) } }
-                        tr { th { "died" } td { (row.dead_at_ms.map(rfc3339).unwrap_or_else(|| "no".to_owned())) } }
-                        tr { th { "last error" } td.error-text #last-error { (row.last_error.as_deref().unwrap_or("none")) } }
-                    }
-                }
-                h2 { "Payload" }
-                pre #payload { (pretty(&row.payload)) }
-                h2 { "Headers" }
-                pre #headers { (pretty(&row.headers)) }
-                @if let (Some(admin), Some(_)) = (frame.admin, row.dead_at_ms.filter(|_| row.published_at_ms.is_none())) {
-                    form method="post" action={ (base) "/actions/replay" } {
-                        input type="hidden" name="csrf" value=(admin.csrf);
-                        input type="hidden" name="scope" value="ids";
-                        input type="hidden" name="id" value=(row.event_id);
-                        div.actions {
-                            button.action #replay-one type="submit" { "Replay this event" }
-                            button.action #discard-one type="submit" formaction={ (base) "/actions/discard" } { "Discard this event" }
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn pretty(value: &serde_json::Value) -> String {
-    serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
 }
 
 /// What an action would do, asked before it runs.
