@@ -25,6 +25,7 @@
 //! | `outbox_consumer_retried_total` | counter | `consumer`, `event_type` | failed handler attempts retried in place |
 //! | `outbox_consumer_dead_lettered_total` | counter | `consumer` | messages confirmed in the dead-letter destination |
 //! | `outbox_consumer_dead_letters` | gauge | `consumer` | dead letters waiting in the dead-letter destination ([`DeadLetters::count_dead_letters`](crate::consume::DeadLetters::count_dead_letters), e.g. `outbox dead-letters count`) |
+//! | `outbox_consumer_lag` | gauge | `consumer` | messages at the broker this consumer has not acknowledged, delivered or not ([`Transport::lag`](crate::consume::Transport::lag), sampled by the running consumer every [`ConsumerConfig::lag_interval`](crate::ConsumerConfig::lag_interval)): **alert on it** |
 //! | `outbox_consumer_skipped_total` | counter | `consumer` | messages of event types with no handler here, acked untouched |
 //! | `outbox_consumer_handler_duration_seconds` | histogram | `consumer`, `event_type` | one handler attempt (inbox check and effect) |
 //!
@@ -79,6 +80,9 @@ pub const CONSUMER_SKIPPED: &str = "outbox_consumer_skipped_total";
 /// dead-lettered them, as counted by
 /// [`DeadLetters::count_dead_letters`](crate::consume::DeadLetters::count_dead_letters).
 pub const CONSUMER_DEAD_LETTERS: &str = "outbox_consumer_dead_letters";
+/// Gauge (`consumer`): messages at the broker this consumer has not acknowledged, delivered or not, as
+/// [`Transport::lag`](crate::consume::Transport::lag) reads them.
+pub const CONSUMER_LAG: &str = "outbox_consumer_lag";
 /// Histogram, seconds (`consumer`, `event_type`): one handler attempt, inbox check and effect included.
 pub const CONSUMER_HANDLER_DURATION: &str = "outbox_consumer_handler_duration_seconds";
 
@@ -107,6 +111,7 @@ pub const ALL: &[&str] = &[
     CONSUMER_RETRIED,
     CONSUMER_DEAD_LETTERED,
     CONSUMER_DEAD_LETTERS,
+    CONSUMER_LAG,
     CONSUMER_SKIPPED,
     CONSUMER_HANDLER_DURATION,
 ];
@@ -139,6 +144,7 @@ pub fn describe() {
         describe_counter!(CONSUMER_RETRIED, Unit::Count, "Failed handler attempts retried in place");
         describe_counter!(CONSUMER_DEAD_LETTERED, Unit::Count, "Messages confirmed in the dead-letter destination");
         describe_gauge!(CONSUMER_DEAD_LETTERS, Unit::Count, "Dead letters waiting in the dead-letter destination");
+        describe_gauge!(CONSUMER_LAG, Unit::Count, "Messages at the broker this consumer has not acknowledged");
         describe_counter!(CONSUMER_SKIPPED, Unit::Count, "Messages with no handler here, acked untouched");
         describe_histogram!(CONSUMER_HANDLER_DURATION, Unit::Seconds, "One handler attempt, inbox check included");
     }
@@ -241,6 +247,14 @@ pub(crate) fn consumer_dead_lettered_or_skipped(consumer: &str, dead_lettered: b
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (consumer, dead_lettered);
+}
+
+/// How many messages one consumer has not acknowledged, as its broker counts them.
+pub(crate) fn consumer_lag(consumer: &str, messages: u64) {
+    #[cfg(feature = "metrics")]
+    ::metrics::gauge!(CONSUMER_LAG, LABEL_CONSUMER => consumer.to_owned()).set(messages as f64);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (consumer, messages);
 }
 
 /// The dead letters of one consumer, as counted at the broker.

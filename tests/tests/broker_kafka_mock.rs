@@ -23,6 +23,7 @@ use outbox_integration_tests::contract::Running;
 use outbox_seaorm::brokers::kafka::rdkafka::ClientConfig;
 use outbox_seaorm::brokers::kafka::rdkafka::mocking::{MockCluster, MockCoordinator};
 use outbox_seaorm::brokers::kafka::{KafkaPublisher, KafkaTransport, Subscription, default_destination};
+use outbox_seaorm::consume::Transport;
 use outbox_seaorm::{Destination, Error, NewEvent, Relay, SeaOrmStore};
 use sea_orm::ConnectionTrait;
 
@@ -103,6 +104,9 @@ async fn kafka_group_subscription_consumes_and_commits() {
 
     let started = Instant::now();
     let group = unique("kafka-group");
+    // Nothing committed yet: the lag is every message of both partitions.
+    let lag = mock_transport(&m, &group, &topic, 2).lag().await.expect("lag").expect("a reading");
+    assert_eq!((lag.unacked, lag.undelivered), (None, Some(8)), "{t}");
     let transport = KafkaTransport::connect(
         &m.bootstrap,
         &group,
@@ -117,6 +121,8 @@ async fn kafka_group_subscription_consumes_and_commits() {
     running.stop().await;
     let committed = committed(&m.bootstrap, &group, &topic, 2).await;
     assert_eq!(committed_total(&committed), 8, "{t}: {committed:?}");
+    let lag = mock_transport(&m, &group, &topic, 2).lag().await.expect("lag").expect("a reading");
+    assert_eq!(lag.total(), 0, "{t}: every message committed: {lag:?}");
 }
 
 /// One partition, two aggregates: `a` fails at offset 2 while `b`'s later messages are applied; nothing

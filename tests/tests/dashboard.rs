@@ -21,6 +21,7 @@ use outbox_integration_tests::proxy::server_available;
 use outbox_integration_tests::{TestDb, per_backend};
 use outbox_ops::dashboard::{Dashboard, DashboardConfig};
 use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport, redis};
+use outbox_seaorm::DomainEvent;
 use outbox_seaorm::consume::{DeadLetterFilter, DeadLetters};
 use outbox_seaorm::{
     Destination, EventId, InMemoryPublisher, NewEvent, OutboxEvent, OutboxService, PublishError, Publisher, Relay,
@@ -602,6 +603,14 @@ async fn consumer_dead_letters_are_counted_found_replayed_and_discarded() {
     .await;
     running.stop().await;
     assert_eq!(letters_at_the_broker(&stream).await, 3, "{t}");
+    // Two more events wait for the stopped consumer: its lag at the broker.
+    let publisher =
+        RedisPublisher::connect(REDIS, Destination::fixed(&stream).expect("stream")).await.expect("connect");
+    let late: Vec<NewEvent> = (0..2)
+        .map(|i| contract::Counted { item: format!("late{i}"), n: 0 }.to_new_event().expect("valid event"))
+        .collect();
+    contract::enqueue(&t, &late).await;
+    contract::relay_until_published(&t, publisher, 2).await;
 
     // Read-only: counted on the overview as the broker holds them, no button, a hand-made POST refused.
     let letters = RedisTransport::connect(REDIS, &stream, CONSUMER, "dashboard").await.expect("transport");
@@ -610,6 +619,7 @@ async fn consumer_dead_letters_are_counted_found_replayed_and_discarded() {
     client.goto(&url).await.expect("open the overview");
     let count = format!("#letters td[data-source='0'][data-consumer='{CONSUMER}']");
     wait_text(client, &count, "3").await;
+    wait_text(client, "#consumer-lag td.lag[data-source='0']", "2").await;
     click(client, &format!("{count} a")).await;
     wait_text(client, "#letter-count", "3").await;
     assert!(!has(client, "button.action").await, "{t}: read-only");
@@ -645,8 +655,8 @@ async fn consumer_dead_letters_are_counted_found_replayed_and_discarded() {
     let (fixed, _) = contract::counting_consumer(&t, CONSUMER, config, |_, _| false);
     let running =
         Running::start(fixed, RedisTransport::connect(REDIS, &stream, CONSUMER, "c-2").await.expect("transport"));
-    contract::eventually(Duration::from_secs(90), "the replayed event applied", async || {
-        contract::effects(&t, CONSUMER).await.len() == 6
+    contract::eventually(Duration::from_secs(90), "the replayed event and the two late ones applied", async || {
+        contract::effects(&t, CONSUMER).await.len() == 8
     })
     .await;
     running.stop().await;

@@ -340,6 +340,13 @@ pub trait DeadLetters: Send + Sync {
             Ok(counts)
         }
     }
+
+    /// How far the consumer behind this transport is at its broker ([`Transport::lag`](super::Transport::lag),
+    /// for tools that hold the transport as dead letters, such as the dashboard); `None` when the broker
+    /// cannot say (the default).
+    fn consumer_lag(&self) -> impl Future<Output = Result<Option<super::Lag>>> + Send {
+        async { Ok(None) }
+    }
 }
 
 #[cfg(test)]

@@ -40,7 +40,28 @@ pub(super) async fn run<T: Transport>(consumer: &Consumer, transport: &T, shutdo
     );
     crate::metrics::describe();
     let driver = Driver { consumer, transport, permits: Semaphore::new(consumer.config.concurrency), shutdown };
-    driver.run().instrument(span).await
+    // The lag sampler runs beside the driver and stops with it.
+    tokio::select! {
+        result = driver.run().instrument(span.clone()) => result,
+        never = sample_lag(consumer, transport).instrument(span) => match never {},
+    }
+}
+
+/// Reads the consumer's lag at its broker every [`ConsumerConfig::lag_interval`] into the
+/// [`CONSUMER_LAG`](crate::metrics::CONSUMER_LAG) gauge, until dropped; idle for good when the broker
+/// cannot say.
+async fn sample_lag<T: Transport>(consumer: &Consumer, transport: &T) -> std::convert::Infallible {
+    loop {
+        match transport.lag().await {
+            Ok(Some(lag)) => {
+                crate::metrics::consumer_lag(&consumer.name, lag.total());
+                *consumer.lag.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(lag);
+            }
+            Ok(None) => return std::future::pending().await,
+            Err(error) => tracing::debug!(%error, "cannot read the consumer's lag"),
+        }
+        tokio::time::sleep(consumer.config.lag_interval).await;
+    }
 }
 
 /// A fetch in progress: when it started, and what the broker returned.

@@ -38,7 +38,7 @@ use std::time::Duration;
 pub use dead_letters::{DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters};
 pub use group::{GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
 pub use route::{BatchHandler, EventHandler, Handled, Received};
-pub use transport::{DeadLetter, Delivery, MAX_DEAD_REASON_LEN, Replayable, Transport, dead_header, replayable};
+pub use transport::{DeadLetter, Delivery, Lag, MAX_DEAD_REASON_LEN, Replayable, Transport, dead_header, replayable};
 
 use crate::config::Backoff;
 use crate::envelope::DEFAULT_MAX_PAYLOAD_BYTES;
@@ -76,6 +76,9 @@ pub struct ConsumerConfig {
     /// fill one; while a group runs, another starts when it is full or has waited 10 ms, so what arrives
     /// meanwhile fills it.
     pub group_size: usize,
+    /// How often the running consumer reads its lag at the broker ([`Transport::lag`]) into the
+    /// [`CONSUMER_LAG`](crate::metrics::CONSUMER_LAG) gauge (default 15 s; at least 1 s).
+    pub lag_interval: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -90,6 +93,7 @@ impl Default for ConsumerConfig {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             handler_timeout: Duration::from_secs(30),
             group_size: 64,
+            lag_interval: Duration::from_secs(15),
         }
     }
 }
@@ -123,6 +127,9 @@ impl ConsumerConfig {
         }
         if self.group_size == 0 || self.group_size > 10_000 {
             return Err(Error::invalid_config("group_size", "must be between 1 and 10000 (1 turns grouping off)"));
+        }
+        if self.lag_interval < Duration::from_secs(1) {
+            return Err(Error::invalid_config("lag_interval", "must be at least 1 s"));
         }
         if self.handler_timeout.is_zero() || self.handler_timeout > Duration::from_secs(24 * 3600) {
             return Err(Error::invalid_config("handler_timeout", "must be between 1 ms and a day"));
@@ -181,6 +188,12 @@ impl ConsumerConfig {
     /// Sets [`handler_timeout`](Self::handler_timeout).
     pub fn with_handler_timeout(mut self, timeout: Duration) -> Self {
         self.handler_timeout = timeout;
+        self
+    }
+
+    /// Sets [`lag_interval`](Self::lag_interval).
+    pub fn with_lag_interval(mut self, every: Duration) -> Self {
+        self.lag_interval = every;
         self
     }
 }
@@ -268,6 +281,8 @@ pub struct Consumer {
     routes: HashMap<&'static str, Box<dyn Route>>,
     group: Option<Box<dyn GroupCommit>>,
     counters: Arc<Counters>,
+    /// The last lag the running consumer read at its broker.
+    lag: std::sync::Mutex<Option<Lag>>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -295,6 +310,7 @@ impl Consumer {
             routes: HashMap::new(),
             group: None,
             counters: Arc::default(),
+            lag: std::sync::Mutex::new(None),
         })
     }
 
@@ -377,6 +393,12 @@ impl Consumer {
     /// Counts since the consumer was built.
     pub fn stats(&self) -> ConsumerStats {
         self.counters.snapshot()
+    }
+
+    /// The last lag the running consumer read at its broker (every
+    /// [`ConsumerConfig::lag_interval`]); `None` before the first reading or when the broker cannot say.
+    pub fn lag(&self) -> Option<Lag> {
+        *self.lag.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Consumes from `transport` until `shutdown` is cancelled (see the [module docs](self)). Fetch errors

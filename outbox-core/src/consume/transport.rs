@@ -101,6 +101,30 @@ pub fn replayable(headers: &BTreeMap<String, String>) -> Option<Replayable> {
     Some(Replayable { origin, headers })
 }
 
+/// How far a consumer is behind at its broker, as [`Transport::lag`] reads it. Each figure is `None` when
+/// the broker does not say it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Lag {
+    /// Delivered to the consumer (group) and not acknowledged yet: Redis `XPENDING`, NATS `num_ack_pending`.
+    pub unacked: Option<u64>,
+    /// At the source and not delivered to the consumer yet: the group's Redis `lag`, NATS `num_pending`,
+    /// RabbitMQ's ready messages, Kafka's high watermark minus the committed offset.
+    pub undelivered: Option<u64>,
+}
+
+impl Lag {
+    /// A reading.
+    pub fn new(unacked: Option<u64>, undelivered: Option<u64>) -> Self {
+        Lag { unacked, undelivered }
+    }
+
+    /// Every message the consumer has not acknowledged, delivered or not (the figures the broker gave).
+    pub fn total(&self) -> u64 {
+        self.unacked.unwrap_or(0).saturating_add(self.undelivered.unwrap_or(0))
+    }
+}
+
 /// The broker side of a consumer: fetch, ack, release, dead-letter. The [`Consumer`](super::Consumer)
 /// driver owns everything else (decoding, routing, retries, order, shutdown), identically for every broker.
 ///
@@ -155,5 +179,13 @@ pub trait Transport: Send + Sync {
     /// absorbs it). The default does nothing (each ack was final).
     fn flush(&self) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
+    }
+
+    /// How far this consumer is behind at its broker, read now; `None` when the broker cannot say (the
+    /// default). The running consumer samples it every
+    /// [`ConsumerConfig::lag_interval`](super::ConsumerConfig::lag_interval) into the
+    /// [`CONSUMER_LAG`](crate::metrics::CONSUMER_LAG) gauge; the dashboard shows it.
+    fn lag(&self) -> impl Future<Output = Result<Option<Lag>>> + Send {
+        async { Ok(None) }
     }
 }

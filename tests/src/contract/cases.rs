@@ -381,3 +381,31 @@ fn outbox_sample() -> outbox_seaorm::OutboxEvent {
     let event = Counted { item: "it0".into(), n: 9 }.to_new_event().expect("event");
     outbox_seaorm::testkit::outbox_event(&event, 1, 1)
 }
+
+/// The transport's lag counts what the consumer has not acknowledged: every relayed event before it reads
+/// them, and (the running consumer's own reading, [`Consumer::lag`]) none once it applied them.
+pub async fn lag_counts_what_the_consumer_has_not_acknowledged<F: Fixture>() {
+    let Some((t, fx)) = begin::<F>("lag").await else { return };
+    let transport = fx.transport("lg").await;
+    enqueue(&t, &counted_events(2, 3)).await;
+    relay_all(&t, &fx, 6).await;
+    let mut seen = None;
+    eventually(Duration::from_secs(30), "the lag counts the 6 relayed events", async || {
+        seen = transport.lag().await.unwrap_or_else(|e| panic!("{}: lag: {e}", F::NAME));
+        seen.is_some_and(|lag| lag.total() == 6)
+    })
+    .await;
+    let lag = seen.expect("a reading");
+    assert_eq!(lag.unacked.unwrap_or(0), 0, "{}: nothing delivered yet: {lag:?}", F::NAME);
+
+    let config = fast_config().with_lag_interval(Duration::from_secs(1));
+    let (consumer, _) = counting_consumer(&t, "lg", config, |_, _| false);
+    let running = Running::start(consumer, transport);
+    eventually(Duration::from_secs(30), "6 effects", async || effects(&t, "lg").await.len() == 6).await;
+    eventually(Duration::from_secs(60), "the consumer reads a lag of 0", async || {
+        running.lag().is_some_and(|lag| lag.total() == 0)
+    })
+    .await;
+    running.stop().await;
+    fx.teardown().await;
+}

@@ -340,6 +340,11 @@ impl Running {
         self.consumer.stats()
     }
 
+    /// The consumer's last lag reading at its broker.
+    pub fn lag(&self) -> Option<outbox_seaorm::consume::Lag> {
+        self.consumer.lag()
+    }
+
     /// Cancels and waits (at most 60 s: a bound for a hang, not a latency check) for the driver to return;
     /// its final counts.
     pub async fn stop(self) -> ConsumerStats {
@@ -448,6 +453,7 @@ macro_rules! contract_suite {
             publisher_refuses_bad_input_as_dead_rows,
             publisher_refuses_bad_urls,
             publisher_outage_loses_nothing,
+            lag_counts_what_the_consumer_has_not_acknowledged,
         );
     };
     ($fixture:ty: $($case:ident),* $(,)?) => {

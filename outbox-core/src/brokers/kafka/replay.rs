@@ -279,4 +279,9 @@ impl DeadLetters for KafkaTransport {
         );
         Ok(outcome)
     }
+
+    /// [`Transport::lag`](crate::consume::Transport::lag).
+    async fn consumer_lag(&self) -> Result<Option<crate::consume::Lag>> {
+        crate::consume::Transport::lag(self).await
+    }
 }

@@ -19,7 +19,7 @@ use super::config::{
     BROKER, DEFAULT_DEAD_LETTER_SUFFIX, KafkaContext, Subscription, bootstrap_servers, check_dead_letter_suffix,
     create, create_with, set_default, shared,
 };
-use crate::consume::{DeadLetter, Delivery, Transport, dead_header};
+use crate::consume::{DeadLetter, Delivery, Lag, Transport, dead_header};
 use crate::error::{Error, Result};
 
 /// How long a dead letter (or a replayed message) may wait for its delivery report.
@@ -417,5 +417,49 @@ impl Transport for KafkaTransport {
                 error,
             )),
         }
+    }
+
+    /// Per partition of the subscription, the high watermark minus the group's committed offset (the low
+    /// watermark where none is committed), summed. Kafka does not track delivered, unacknowledged messages
+    /// apart from the committed offset, so `unacked` is `None`.
+    async fn lag(&self) -> Result<Option<Lag>> {
+        let consumer = Arc::clone(&self.consumer);
+        let subscription = self.subscription.clone();
+        let timeout = self.delivery_timeout;
+        let read = tokio::task::spawn_blocking(move || -> std::result::Result<u64, rdkafka::error::KafkaError> {
+            let mut partitions = rdkafka::TopicPartitionList::new();
+            match &subscription {
+                Subscription::Partitions(list) => {
+                    for (topic, partition) in list {
+                        partitions.add_partition(topic, *partition);
+                    }
+                }
+                Subscription::Topics(topics) => {
+                    for topic in topics {
+                        let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+                        for found in metadata.topics() {
+                            for partition in found.partitions() {
+                                partitions.add_partition(topic, partition.id());
+                            }
+                        }
+                    }
+                }
+            }
+            let committed = consumer.committed_offsets(partitions, timeout)?;
+            let mut lag = 0u64;
+            for element in committed.elements() {
+                let (low, high) = consumer.fetch_watermarks(element.topic(), element.partition(), timeout)?;
+                let from = match element.offset() {
+                    rdkafka::Offset::Offset(offset) => offset,
+                    _ => low,
+                };
+                lag += u64::try_from(high.saturating_sub(from)).unwrap_or(0);
+            }
+            Ok(lag)
+        });
+        let what = || format!("read the lag of group {:?} on {:?}", self.group, self.subscription.topics());
+        let lag =
+            read.await.map_err(|e| Error::broker(BROKER, what(), e))?.map_err(|e| Error::broker(BROKER, what(), e))?;
+        Ok(Some(Lag::new(None, Some(lag))))
     }
 }

@@ -167,4 +167,9 @@ impl DeadLetters for NatsTransport {
         }
         Ok(outcome)
     }
+
+    /// [`Transport::lag`](crate::consume::Transport::lag).
+    async fn consumer_lag(&self) -> Result<Option<crate::consume::Lag>> {
+        crate::consume::Transport::lag(self).await
+    }
 }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::consume::held::{HeldSet, KeepAlive, keep_held_alive};
-use crate::consume::{DeadLetter, Delivery, Transport, dead_header};
+use crate::consume::{DeadLetter, Delivery, Lag, Transport, dead_header};
 use crate::error::{Error, Result};
 use crate::text::{one_line, truncate};
 
@@ -532,6 +532,13 @@ impl Transport for NatsTransport {
             .map_err(|_| Error::broker(BROKER, what(), "no PubAck in time"))??;
         tracing::debug!(dead_letter_sequence = ack.sequence, duplicate = ack.duplicate, "dead letter stored");
         Ok(())
+    }
+
+    /// The durable consumer's info: `num_ack_pending` (delivered, not acknowledged) and `num_pending` (in
+    /// the stream, not yet delivered).
+    async fn lag(&self) -> Result<Option<Lag>> {
+        let info = self.info().await?;
+        Ok(Some(Lag::new(Some(info.num_ack_pending as u64), Some(info.num_pending))))
     }
 }
 

@@ -178,4 +178,9 @@ impl DeadLetters for RabbitTransport {
         close_quietly(&channel).await;
         result
     }
+
+    /// [`Transport::lag`](crate::consume::Transport::lag).
+    async fn consumer_lag(&self) -> Result<Option<crate::consume::Lag>> {
+        crate::consume::Transport::lag(self).await
+    }
 }

@@ -20,7 +20,7 @@ use super::config::{
     DELIVERY_COUNT_HEADER, Endpoint, check_dead_letter_queue, check_name, close_quietly, durable_queue, encode_origin,
     exchange_label, headers_of, short,
 };
-use crate::consume::{DeadLetter, Delivery, Transport, dead_header};
+use crate::consume::{DeadLetter, Delivery, Lag, Transport, dead_header};
 use crate::error::{Error, Result};
 
 /// What [`RabbitTransport`] needs to settle one delivery: its channel's acker and delivery tag, and the
@@ -538,6 +538,23 @@ impl Transport for RabbitTransport {
             },
             other => other,
         })
+    }
+
+    /// A passive declare of the queue: its ready messages (not yet delivered). RabbitMQ does not count the
+    /// delivered, unacknowledged ones over AMQP (its management API does), so `unacked` is `None`.
+    async fn lag(&self) -> Result<Option<Lag>> {
+        let channel = self.channel().await?;
+        let declared = channel
+            .queue_declare(
+                short(&self.queue),
+                QueueDeclareOptions { passive: true, ..durable_queue() },
+                FieldTable::default(),
+            )
+            .await;
+        close_quietly(&channel).await;
+        let queue =
+            declared.map_err(|e| Error::broker(BROKER, format!("read the depth of queue {:?}", self.queue), e))?;
+        Ok(Some(Lag::new(None, Some(u64::from(queue.message_count())))))
     }
 }
 

@@ -173,4 +173,9 @@ impl DeadLetters for RedisTransport {
         }
         Ok(outcome)
     }
+
+    /// [`Transport::lag`](crate::consume::Transport::lag).
+    async fn consumer_lag(&self) -> Result<Option<crate::consume::Lag>> {
+        crate::consume::Transport::lag(self).await
+    }
 }

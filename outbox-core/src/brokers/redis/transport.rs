@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::consume::held::{HeldSet, KeepAlive, keep_held_alive};
-use crate::consume::{DeadLetter, Delivery, Transport, dead_header};
+use crate::consume::{DeadLetter, Delivery, Lag, Transport, dead_header};
 use crate::error::{Error, Result};
 use crate::text::one_line;
 
@@ -527,5 +527,24 @@ impl Transport for RedisTransport {
             fields.push((PAYLOAD_FIELD.into(), delivery.payload.clone()));
         }
         self.append_dead(&receipt.id, fields).await
+    }
+
+    /// `XINFO GROUPS`: the group's `pending` (delivered, not acknowledged) and `lag` (entries not yet
+    /// delivered to the group; Redis 7 and later, unknown after some deletions).
+    async fn lag(&self) -> Result<Option<Lag>> {
+        let mut cmd = ::redis::cmd("XINFO");
+        cmd.arg("GROUPS").arg(&self.shared.stream);
+        let what = "read the consumer group's lag (XINFO GROUPS)";
+        let reply = self.shared.commands.query(&cmd).await.map_err(|e| self.redis_error(what, e))?;
+        let reply: ::redis::streams::StreamInfoGroupsReply =
+            ::redis::from_redis_value(reply).map_err(|e| Error::broker(BROKER, what, e))?;
+        match reply.groups.into_iter().find(|group| group.name == self.shared.group) {
+            Some(group) => Ok(Some(Lag::new(Some(group.pending as u64), group.lag.map(|lag| lag as u64)))),
+            None => Err(Error::broker(
+                BROKER,
+                what,
+                format!("stream {:?} has no consumer group {:?}", self.shared.stream, self.shared.group),
+            )),
+        }
     }
 }

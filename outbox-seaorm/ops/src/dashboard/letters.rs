@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 
-use outbox_seaorm::consume::{DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters};
+use outbox_seaorm::consume::{
+    DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, Lag,
+};
 
 use outbox_seaorm::Result;
 
@@ -17,12 +19,14 @@ pub(super) const COUNT_CAP: usize = 10_000;
 pub(super) const LIST_LIMIT: usize = 100;
 
 type Walk<'a> = Pin<Box<dyn Future<Output = Result<DeadLetterOutcome>> + Send + 'a>>;
+type LagRead<'a> = Pin<Box<dyn Future<Output = Result<Option<Lag>>> + Send + 'a>>;
 
 /// A transport's dead letters, object-safe (a [`DeadLetters`] method returns `impl Future`).
 trait LetterSource: Send + Sync {
     /// `Redis Streams orders:dead`.
     fn label(&self) -> String;
     fn walk<'a>(&'a self, filter: &'a DeadLetterFilter, action: DeadLetterAction, max: usize) -> Walk<'a>;
+    fn lag(&self) -> LagRead<'_>;
 }
 
 impl<T: DeadLetters + 'static> LetterSource for T {
@@ -32,6 +36,10 @@ impl<T: DeadLetters + 'static> LetterSource for T {
 
     fn walk<'a>(&'a self, filter: &'a DeadLetterFilter, action: DeadLetterAction, max: usize) -> Walk<'a> {
         Box::pin(self.dead_letters(filter, action, max))
+    }
+
+    fn lag(&self) -> LagRead<'_> {
+        Box::pin(self.consumer_lag())
     }
 }
 
@@ -64,13 +72,20 @@ impl Letters {
         self.source.walk(filter, action, max).await
     }
 
-    /// The letters per consumer, walking at most [`COUNT_CAP`].
+    /// The letters per consumer, walking at most [`COUNT_CAP`], and the consumer's lag at its broker.
     pub async fn count(&self) -> LetterCounts {
         let label = self.label.clone();
+        let lag = match self.source.lag().await {
+            Ok(lag) => lag.map(Ok),
+            Err(error) => {
+                tracing::debug!(%error, source = %label, "dashboard: cannot read the consumer's lag");
+                Some(Err(error.to_string()))
+            }
+        };
         match self.walk(&DeadLetterFilter::default(), DeadLetterAction::List, COUNT_CAP).await {
             Err(error) => {
                 tracing::debug!(%error, source = %label, "dashboard: cannot count the consumer dead letters");
-                LetterCounts { label, counts: Err(error.to_string()), capped: false }
+                LetterCounts { label, counts: Err(error.to_string()), capped: false, lag }
             }
             Ok(outcome) => {
                 let capped = outcome.letters.len() >= COUNT_CAP;
@@ -78,7 +93,7 @@ impl Letters {
                 for letter in outcome.letters {
                     *counts.entry(letter.consumer.unwrap_or_else(|| "-".to_owned())).or_insert(0) += 1;
                 }
-                LetterCounts { label, counts: Ok(counts), capped }
+                LetterCounts { label, counts: Ok(counts), capped, lag }
             }
         }
     }
@@ -112,4 +127,6 @@ pub(super) struct LetterCounts {
     pub counts: std::result::Result<BTreeMap<String, u64>, String>,
     /// Whether the walk stopped at [`COUNT_CAP`] (the figures are lower bounds).
     pub capped: bool,
+    /// The consumer's lag at its broker; `None` when the broker cannot say.
+    pub lag: Option<std::result::Result<Lag, String>>,
 }

@@ -11,7 +11,9 @@ use outbox_seaorm::brokers::kafka::{KafkaTransport, Subscription};
 use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport, NatsTransportOptions};
 use outbox_seaorm::brokers::rabbitmq::RabbitTransport;
 use outbox_seaorm::brokers::redis::{RedisTransport, RedisTransportConfig};
-use outbox_seaorm::consume::{DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters};
+use outbox_seaorm::consume::{
+    DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, Lag,
+};
 use outbox_seaorm::text::one_line;
 
 use crate::{CliError, JsonArgs, duration};
@@ -271,6 +273,15 @@ impl DeadLetters for AnyTransport {
             AnyTransport::Kafka(t) => t.dead_letters(filter, action, max).await,
             AnyTransport::Rabbit(t) => t.dead_letters(filter, action, max).await,
             AnyTransport::Redis(t) => t.dead_letters(filter, action, max).await,
+        }
+    }
+
+    async fn consumer_lag(&self) -> outbox_seaorm::Result<Option<Lag>> {
+        match self {
+            AnyTransport::Nats(t) => t.consumer_lag().await,
+            AnyTransport::Kafka(t) => t.consumer_lag().await,
+            AnyTransport::Rabbit(t) => t.consumer_lag().await,
+            AnyTransport::Redis(t) => t.consumer_lag().await,
         }
     }
 }

@@ -241,7 +241,31 @@ fn letter_counts(frame: &Frame<'_>, sources: &[LetterCounts]) -> Markup {
                 }
             }
         }
+        @if sources.iter().any(|source| source.lag.is_some()) {
+            table #consumer-lag {
+                thead { tr { th { "consumer at its broker" } th.num { "not acknowledged" } th.num { "not delivered yet" } th.num { "lag" } } }
+                tbody {
+                    @for (i, source) in sources.iter().enumerate() {
+                        @match &source.lag {
+                            None => {},
+                            Some(Err(message)) => tr { td { (source.label) } td.error-text colspan="3" { "cannot read it: " (message) } },
+                            Some(Ok(lag)) => tr {
+                                td { (source.label) }
+                                td.num { (known(lag.unacked)) }
+                                td.num { (known(lag.undelivered)) }
+                                td.num.lag data-source=(i) { (lag.total()) }
+                            },
+                        }
+                    }
+                }
+            }
+        }
     }
+}
+
+/// A figure the broker may not give.
+fn known(figure: Option<u64>) -> String {
+    figure.map_or_else(|| "not counted by this broker".to_owned(), |n| n.to_string())
 }
 
 /// How long a stopped or gone process stays in the relays table before it folds into a closed list (its
