@@ -20,8 +20,8 @@ use outbox_integration_tests::contract::{self, Running};
 use outbox_integration_tests::proxy::server_available;
 use outbox_integration_tests::{TestDb, per_backend};
 use outbox_ops::dashboard::{Dashboard, DashboardConfig};
-use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport, redis};
 use outbox_seaorm::DomainEvent;
+use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport, redis};
 use outbox_seaorm::consume::{DeadLetterFilter, DeadLetters};
 use outbox_seaorm::{
     Destination, EventId, InMemoryPublisher, NewEvent, OutboxEvent, OutboxService, PublishError, Publisher, Relay,

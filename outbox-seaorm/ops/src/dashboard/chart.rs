@@ -160,22 +160,32 @@ pub(super) fn svg(bars: &[Bar], span: Span) -> String {
         let time = chrono::DateTime::from_timestamp_millis(b.start_ms).map(|t| t.format("%H:%M:%S UTC").to_string());
         let _ = write!(
             out,
-            r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{h:.1}" data-count="{}"><title>{} from {}: {:.1}/s</title></rect>"#,
+            r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{h:.1}" data-count="{}"><title>{} from {}: {}/s</title></rect>"#,
             i as f64 * bar,
             HEIGHT - h,
             (bar - 1.0).max(1.0),
             b.count,
             b.count,
             time.unwrap_or_default(),
-            b.per_second
+            rate(b.per_second)
         );
     }
     let _ = write!(
         out,
-        r#"<text x="4" y="11">peak {peak:.1}/s, {total} published</text><text x="{}" y="11" text-anchor="end">now</text></svg>"#,
+        r#"<text x="4" y="11">peak {}/s, {total} published</text><text x="{}" y="11" text-anchor="end">now</text></svg>"#,
+        rate(peak),
         WIDTH - 4.0
     );
     out
+}
+
+/// A rate with the decimals that make a slow one visible: `120`, `8.5`, `0.02`.
+pub(super) fn rate(per_second: f64) -> String {
+    match per_second {
+        r if r >= 100.0 => format!("{r:.0}"),
+        r if r >= 1.0 || r == 0.0 => format!("{r:.1}"),
+        r => format!("{r:.2}"),
+    }
 }
 
 #[cfg(test)]

@@ -117,7 +117,7 @@ pub(super) fn overview(frame: &Frame<'_>, overview: &Overview<'_>) -> Markup {
                         div.card { div.label { "oldest pending" } div.figure #oldest { (age(totals.oldest_pending_seconds)) } }
                         div.card {
                             div.label { "published / s" }
-                            div.figure #published-rate { @match rate { Some(r) => (format!("{r:.1}")), None => "…" } }
+                            div.figure #published-rate { @match rate { Some(r) => (chart::rate(r)), None => "…" } }
                         }
                     }
                     section {
