@@ -1,4 +1,4 @@
-//! # outbox-core
+//! # outbox-runtime
 //!
 //! The runtime of the transactional outbox, independent of any ORM.
 //!

@@ -60,7 +60,7 @@
 //! | several relays at once | yes, `SKIP LOCKED` | yes, `SKIP LOCKED` | they take turns (`BEGIN IMMEDIATE`) |
 //! | enqueue while a relay publishes | never waits for the publish | same (no gap locks) | never waits with the default claim, a lease; an explicit `ClaimMode::Transaction` waits for the publish |
 //! | inbox dedup | `ON CONFLICT DO NOTHING` | `INSERT IGNORE` | `ON CONFLICT DO NOTHING` |
-//! | claim statements | 3 | 4 (plain read, then locks by primary key) | 2 |
+//! | claim statements (`SeaOrmStore::claim_plans` explains them), then one hint update and, in lease mode, a lease stamp | 2 | 3 (a plain read of the runs' keys, then their lock by primary key) | 2 |
 //! | concurrent writers of one aggregate | commit in order (row lock) | commit in order (row lock) | one writer at a time |
 //!
 //! ## Operating it

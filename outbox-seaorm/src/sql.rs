@@ -21,6 +21,11 @@ impl Sql {
         self.backend
     }
 
+    /// The SQL text so far.
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+
     /// Appends SQL text.
     pub(crate) fn push(&mut self, text: &str) -> &mut Self {
         self.text.push_str(text);

@@ -267,6 +267,9 @@ pub struct ClaimPlan {
     /// of their runs, locked in one statement on PostgreSQL and SQLite, a plain read of their keys on
     /// MySQL) or `locks` (MySQL: the lock of those rows by primary key).
     pub statement: &'static str,
+    /// The statement's SQL as the relay sends it, placeholders included (`$1` on PostgreSQL, `?`
+    /// elsewhere): docs/how-it-works.md prints these.
+    pub sql: String,
     /// The plan, one line per row of `EXPLAIN` (PostgreSQL), `EXPLAIN` (MySQL: table, access type, key,
     /// rows, extra) or `EXPLAIN QUERY PLAN` (SQLite).
     pub plan: Vec<String>,
@@ -286,7 +289,8 @@ pub(super) async fn explain(
     let mut sql = Sql::new(backend);
     sql.push(explain_prefix(backend));
     write_candidates(&mut sql, request, None, limit, partitioned);
-    plans.push(ClaimPlan { statement: "candidates", plan: plan_lines(txn, sql).await? });
+    let text = sql.text()[explain_prefix(backend).len()..].to_owned();
+    plans.push(ClaimPlan { statement: "candidates", sql: text, plan: plan_lines(txn, sql).await? });
 
     let found = candidates(txn, request, None, limit, partitioned).await?;
     let runs: Vec<(&Candidate, i64, i64)> = found
@@ -317,7 +321,8 @@ pub(super) async fn explain(
         let mut sql = Sql::new(backend);
         sql.push(explain_prefix(backend));
         write_fetch(&mut sql, &keys, lock, partitioned);
-        plans.push(ClaimPlan { statement, plan: plan_lines(txn, sql).await? });
+        let text = sql.text()[explain_prefix(backend).len()..].to_owned();
+        plans.push(ClaimPlan { statement, sql: text, plan: plan_lines(txn, sql).await? });
     }
     Ok(plans)
 }

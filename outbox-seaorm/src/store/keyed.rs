@@ -140,8 +140,9 @@ pub(super) async fn explain(txn: &DatabaseTransaction) -> Result<Vec<ClaimPlan>,
     }
     let mut plans = Vec::new();
     for (statement, mut explained) in statements {
+        let sql = explained.sql.clone();
         explained.sql.insert_str(0, super::claim::explain_prefix(backend));
-        plans.push(ClaimPlan { statement, plan: super::claim::plan_lines(txn, explained).await? });
+        plans.push(ClaimPlan { statement, sql, plan: super::claim::plan_lines(txn, explained).await? });
     }
     Ok(plans)
 }
