@@ -214,7 +214,7 @@ pub use relay::{Relay, RelayPass};
 pub use service::{CleanupConfig, Health, OutboxService, OutboxServiceBuilder, ServiceConfig};
 pub use wake::wake_relays;
 // Consuming.
-pub use consume::{Consumer, ConsumerConfig, ConsumerStats, EventHandler, Handled, Received, Transport};
+pub use consume::{Consumer, ConsumerConfig, ConsumerStats, DeadFilter, EventHandler, Handled, Received, Transport};
 pub use inbox::InboxOutcome;
 // Errors and shutdown.
 pub use error::{BoxError, Error, Result};

@@ -138,7 +138,7 @@ pub use outbox_runtime::{
 /// Errors.
 pub use outbox_runtime::{BoxError, Error, Result};
 /// Consuming: one driver for every broker, typed handlers, the inbox's outcome.
-pub use outbox_runtime::{Consumer, ConsumerConfig, ConsumerStats, Handled, InboxOutcome, Received};
+pub use outbox_runtime::{Consumer, ConsumerConfig, ConsumerStats, DeadFilter, Handled, InboxOutcome, Received};
 /// Brokers: where an event goes, and what a publisher is.
 pub use outbox_runtime::{Destination, InMemoryPublisher, PublishError, Publisher};
 /// Events: declare them (`#[derive(DomainEvent)]`), write them, read them back.

@@ -8,7 +8,7 @@
 //! where the relay's poll alone takes up to `poll_interval`.
 //!
 //! Compared with PostgreSQL's LISTEN/NOTIFY ([`notify`](crate::notify)), which serialises the commits of
-//! every notifying transaction (BENCHMARKS.md measures 0.30–0.44x of the writers' commit rate with 8
+//! every notifying transaction (BENCHMARKS.md measures 0.44–0.53x of the writers' commit rate with 8
 //! writers), a watch costs the database one cheap read per interval per relay process, whatever the
 //! write rate, and works on MySQL/MariaDB and SQLite too.
 //!

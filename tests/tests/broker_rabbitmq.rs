@@ -336,7 +336,7 @@ async fn bad_messages_are_dead_lettered_with_their_original_headers_and_the_next
 /// listed with a reason; RabbitMQ's is replayed to its queue and applied once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_quorum_queue_the_consumers_and_the_delivery_limits_dead_letters_meet_in_one_queue() {
-    use outbox_seaorm::consume::{DeadLetterFilter, DeadLetters};
+    use outbox_seaorm::consume::{DeadFilter, DeadLetters};
     if !server_available("RabbitMQ", RABBIT).await {
         return;
     }
@@ -398,7 +398,7 @@ async fn on_a_quorum_queue_the_consumers_and_the_delivery_limits_dead_letters_me
     running.stop().await;
 
     let letters = RabbitTransport::connect(AMQP_URL, &queue, "rmq-quorum-ops").await.expect("transport");
-    let all = letters.list_dead_letters(&DeadLetterFilter::default(), 10).await.expect("list");
+    let all = letters.list_dead_letters(&DeadFilter::default(), 10).await.expect("list");
     assert_eq!(all.len(), 2, "{t}: {all:?}");
     let by_rabbit = all.iter().find(|l| l.aggregate_id.as_deref() == Some("q1")).expect("q1 is a dead letter");
     let reason = by_rabbit.reason.clone().unwrap_or_default();
@@ -409,7 +409,7 @@ async fn on_a_quorum_queue_the_consumers_and_the_delivery_limits_dead_letters_me
     assert!(by_consumer.reason.as_deref().is_some_and(|r| r.contains("cannot be shipped")), "{t}: {by_consumer:?}");
 
     let replayed =
-        letters.replay_dead_letters_matching(&DeadLetterFilter::default().id(&by_rabbit.id)).await.expect("replay q1");
+        letters.replay_dead_letters_matching(&DeadFilter::default().id(&by_rabbit.id)).await.expect("replay q1");
     assert_eq!(replayed, 1, "{t}");
     let running = Running::start(
         shipping(&t.db),
@@ -418,6 +418,6 @@ async fn on_a_quorum_queue_the_consumers_and_the_delivery_limits_dead_letters_me
     wait_until("q1 applied", Duration::from_secs(30), || running.stats().processed >= 1).await;
     running.stop().await;
     assert_eq!(count_table(&t, "parcels_shipped").await, 1, "{t}: q1 applied once, q2 still dead");
-    assert_eq!(letters.list_dead_letters(&DeadLetterFilter::default(), 10).await.expect("list").len(), 1, "{t}");
+    assert_eq!(letters.list_dead_letters(&DeadFilter::default(), 10).await.expect("list").len(), 1, "{t}");
     teardown(relay.publisher(), &exchange, &[&queue]).await;
 }

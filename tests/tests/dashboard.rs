@@ -22,7 +22,7 @@ use outbox_integration_tests::{TestDb, per_backend};
 use outbox_ops::dashboard::{Dashboard, DashboardConfig};
 use outbox_seaorm::DomainEvent;
 use outbox_seaorm::brokers::redis::{RedisPublisher, RedisTransport, redis};
-use outbox_seaorm::consume::{DeadLetterFilter, DeadLetters};
+use outbox_seaorm::consume::{DeadFilter, DeadLetters};
 use outbox_seaorm::{
     Destination, EventId, InMemoryPublisher, NewEvent, OutboxEvent, OutboxService, PublishError, Publisher, Relay,
     RelayConfig, SeaOrmStore,
@@ -574,7 +574,7 @@ const CONSUMER: &str = "billing";
 /// How many dead letters the broker holds for the stream, read through the transport's own walk.
 async fn letters_at_the_broker(stream: &str) -> usize {
     let transport = RedisTransport::connect(REDIS, stream, CONSUMER, "test-reader").await.expect("transport");
-    transport.list_dead_letters(&DeadLetterFilter::default(), 1000).await.expect("list").len()
+    transport.list_dead_letters(&DeadFilter::default(), 1000).await.expect("list").len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

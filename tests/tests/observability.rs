@@ -21,7 +21,7 @@ use outbox_integration_tests::contract::{self, Counted, Running, counting_consum
 use outbox_integration_tests::{Backend, TestDb, run_on};
 use outbox_seaorm::consume::Transport;
 use outbox_seaorm::consume::{
-    DeadLetter, DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, Delivery,
+    DeadFilter, DeadLetter, DeadLetterAction, DeadLetterEntry, DeadLetterOutcome, DeadLetters, Delivery,
 };
 use outbox_seaorm::{
     DomainEvent, InMemoryPublisher, OutboxEvent, OutboxService, PublishError, Publisher, Relay, SeaOrmStore,
@@ -326,7 +326,7 @@ impl DeadLetters for Letters {
 
     async fn dead_letters(
         &self,
-        filter: &DeadLetterFilter,
+        filter: &DeadFilter,
         action: DeadLetterAction,
         max: usize,
     ) -> outbox_seaorm::Result<DeadLetterOutcome> {
@@ -362,8 +362,8 @@ async fn the_dead_letter_gauge_follows_the_count_per_consumer() {
     let gauge = |consumer| figures.gauge_of(names::CONSUMER_DEAD_LETTERS, &[(names::LABEL_CONSUMER, consumer)]);
     assert_eq!((gauge("billing"), gauge("shipping"), gauge("audit")), (2.0, 1.0, 0.0));
 
-    assert!(letters.discard_dead_letters(&DeadLetterFilter::default()).await.is_err(), "everything needs all()");
-    let billing = DeadLetterFilter::default().consumer("billing");
+    assert!(letters.discard_dead_letters(&DeadFilter::default()).await.is_err(), "everything needs all()");
+    let billing = DeadFilter::default().consumer("billing");
     assert_eq!(letters.discard_dead_letters(&billing).await.expect("discard"), 2);
     letters.count_dead_letters(&["billing".to_owned()]).await.expect("count");
     let figures = Figures::of(&snapshotter);

@@ -2,7 +2,7 @@
 //!
 //! Every broker transport implements [`DeadLetters`] with one method,
 //! [`dead_letters`](DeadLetters::dead_letters), which walks its dead-letter destination oldest first and
-//! does one [`DeadLetterAction`] to each letter a [`DeadLetterFilter`] selects. The operations an operator
+//! does one [`DeadLetterAction`] to each letter a [`DeadFilter`] selects. The operations an operator
 //! needs (and the `outbox dead-letters` command) are the provided methods built on it, and
 //! [`DeadLetters::replay_dead_letters`] is the same walk with every letter
 //! selected.
@@ -21,26 +21,27 @@ use super::transport::dead_header;
 use crate::broker::header as envelope_header;
 use crate::error::{Error, Result};
 
-/// Which dead letters an operation applies to; criteria combine with AND (a list of consumers, event types
-/// or ids matches any of them). [`DeadLetterFilter::default`] matches every dead letter; a replay or discard
-/// of all of them must say so with [`DeadLetterFilter::all`] (see [`require_selection`](Self::require_selection)).
-///
-/// The flags of `outbox dead-letters` are the same as those of `outbox dead` for dead outbox rows, plus
-/// `--consumer`.
+/// Which dead things an operation applies to: dead outbox rows (the relay gave up on them; `outbox dead`,
+/// `outbox_ops::admin`) and consumers' dead letters (a consumer gave up on them; `outbox dead-letters`,
+/// [`DeadLetters`]), with one set of criteria that combine with AND (a list of consumers, event types or ids
+/// matches any of them). [`DeadFilter::default`] matches every one; a replay or discard of all of them must
+/// say so with [`DeadFilter::all`] (see [`require_selection`](Self::require_selection)). The consumer
+/// criterion applies to dead letters only (a dead outbox row has no consumer). The `outbox` command's
+/// flags and the dashboard's form are this filter, for both.
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_runtime::consume::DeadLetterFilter;
+/// use outbox_runtime::consume::DeadFilter;
 ///
 /// // Billing's dead letters of one order that died in the last hour.
-/// let filter = DeadLetterFilter::default()
+/// let filter = DeadFilter::default()
 ///     .consumer("billing")
 ///     .aggregate_id("o-17")
 ///     .newer_than(Duration::from_secs(3600));
 /// assert!(!filter.is_empty());
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeadLetterFilter {
+pub struct DeadFilter {
     consumers: Vec<String>,
     event_types: Vec<String>,
     aggregate_type: Option<String>,
@@ -52,10 +53,10 @@ pub struct DeadLetterFilter {
     everything: bool,
 }
 
-impl DeadLetterFilter {
+impl DeadFilter {
     /// Every dead letter, said explicitly: what a replay or discard of them all needs.
     pub fn all() -> Self {
-        DeadLetterFilter { everything: true, ..DeadLetterFilter::default() }
+        DeadFilter { everything: true, ..DeadFilter::default() }
     }
 
     /// Only letters this consumer dead-lettered (the `outbox_dead_consumer` header; call again to add more).
@@ -100,15 +101,52 @@ impl DeadLetterFilter {
         self
     }
 
-    /// Only the letter with this id, as listed ([`DeadLetterEntry::id`]; call again to add more).
-    pub fn id(mut self, id: impl Into<String>) -> Self {
-        self.ids.push(id.into());
+    /// Only the letter or row with this id (a dead letter's [`DeadLetterEntry::id`], a dead row's event id;
+    /// call again to add more).
+    pub fn id(mut self, id: impl ToString) -> Self {
+        self.ids.push(id.to_string());
+        self
+    }
+
+    /// Only these letters or rows.
+    pub fn ids<I: ToString>(mut self, ids: impl IntoIterator<Item = I>) -> Self {
+        self.ids.extend(ids.into_iter().map(|id| id.to_string()));
         self
     }
 
     /// The ids this filter selects (empty: any).
     pub fn selected_ids(&self) -> &[String] {
         &self.ids
+    }
+
+    /// The consumers it selects (empty: any).
+    pub fn consumers(&self) -> &[String] {
+        &self.consumers
+    }
+
+    /// The event types it selects (empty: any).
+    pub fn event_types(&self) -> &[String] {
+        &self.event_types
+    }
+
+    /// The aggregate type it selects, if one.
+    pub fn selected_aggregate_type(&self) -> Option<&str> {
+        self.aggregate_type.as_deref()
+    }
+
+    /// The aggregate id it selects, if one.
+    pub fn selected_aggregate_id(&self) -> Option<&str> {
+        self.aggregate_id.as_deref()
+    }
+
+    /// The text the error or reason must contain (ASCII case ignored), if any.
+    pub fn error_text(&self) -> Option<&str> {
+        self.error_contains.as_deref()
+    }
+
+    /// The age bounds: died more than the first ago, less than the second ago.
+    pub fn age_bounds(&self) -> (Option<Duration>, Option<Duration>) {
+        (self.older_than, self.newer_than)
     }
 
     /// Whether no criterion was given (the filter matches every dead letter).
@@ -123,18 +161,18 @@ impl DeadLetterFilter {
             && self.ids.is_empty()
     }
 
-    /// Whether this is [`DeadLetterFilter::all`].
+    /// Whether this is [`DeadFilter::all`].
     pub fn is_all(&self) -> bool {
         self.everything
     }
 
     /// Refuses a filter that would act on every dead letter without saying so: `Ok` when it has a criterion
-    /// or is [`DeadLetterFilter::all`], otherwise an [`Error::InvalidConfig`] naming `verb`.
+    /// or is [`DeadFilter::all`], otherwise an [`Error::InvalidConfig`] naming `verb`.
     pub fn require_selection(&self, verb: &str) -> Result<()> {
         if self.is_empty() && !self.everything {
             return Err(Error::invalid_config(
-                "dead_letter_filter",
-                format!("{verb} every dead letter needs DeadLetterFilter::all() (or a criterion)"),
+                "dead filter",
+                format!("{verb} every dead event or letter needs DeadFilter::all() (`--all`) or a criterion"),
             ));
         }
         Ok(())
@@ -270,7 +308,7 @@ pub trait DeadLetters: Send + Sync {
     /// stays so, and no letter is removed unless its action was confirmed.
     fn dead_letters(
         &self,
-        filter: &DeadLetterFilter,
+        filter: &DeadFilter,
         action: DeadLetterAction,
         max: usize,
     ) -> impl Future<Output = Result<DeadLetterOutcome>> + Send;
@@ -278,7 +316,7 @@ pub trait DeadLetters: Send + Sync {
     /// Up to `limit` matching dead letters, oldest first, without headers and payload.
     fn list_dead_letters(
         &self,
-        filter: &DeadLetterFilter,
+        filter: &DeadFilter,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<DeadLetterEntry>>> + Send {
         async move { Ok(self.dead_letters(filter, DeadLetterAction::List, limit).await?.letters) }
@@ -287,7 +325,7 @@ pub trait DeadLetters: Send + Sync {
     /// The dead letter with this id, with its headers and payload; `None` when there is none.
     fn show_dead_letter(&self, id: &str) -> impl Future<Output = Result<Option<DeadLetterEntry>>> + Send {
         async move {
-            let filter = DeadLetterFilter::default().id(id);
+            let filter = DeadFilter::default().id(id);
             Ok(self.dead_letters(&filter, DeadLetterAction::Show, 1).await?.letters.into_iter().next())
         }
     }
@@ -298,14 +336,14 @@ pub trait DeadLetters: Send + Sync {
     /// applied). Each broker's implementation says what "removing" and "origin" mean there.
     fn replay_dead_letters(&self, max: usize) -> impl Future<Output = Result<u64>> + Send {
         async move {
-            let outcome = self.dead_letters(&DeadLetterFilter::all(), DeadLetterAction::Replay, max).await?;
+            let outcome = self.dead_letters(&DeadFilter::all(), DeadLetterAction::Replay, max).await?;
             Ok(outcome.letters.len() as u64)
         }
     }
 
     /// Replays the matching dead letters (see [`DeadLetterAction::Replay`]); how many moved. `filter` must
-    /// select ([`DeadLetterFilter::require_selection`]).
-    fn replay_dead_letters_matching(&self, filter: &DeadLetterFilter) -> impl Future<Output = Result<u64>> + Send {
+    /// select ([`DeadFilter::require_selection`]).
+    fn replay_dead_letters_matching(&self, filter: &DeadFilter) -> impl Future<Output = Result<u64>> + Send {
         async move {
             filter.require_selection("replaying")?;
             let outcome = self.dead_letters(filter, DeadLetterAction::Replay, usize::MAX).await?;
@@ -314,8 +352,8 @@ pub trait DeadLetters: Send + Sync {
     }
 
     /// Discards the matching dead letters for good; how many. `filter` must select
-    /// ([`DeadLetterFilter::require_selection`]).
-    fn discard_dead_letters(&self, filter: &DeadLetterFilter) -> impl Future<Output = Result<u64>> + Send {
+    /// ([`DeadFilter::require_selection`]).
+    fn discard_dead_letters(&self, filter: &DeadFilter) -> impl Future<Output = Result<u64>> + Send {
         async move {
             filter.require_selection("discarding")?;
             let outcome = self.dead_letters(filter, DeadLetterAction::Discard, usize::MAX).await?;
@@ -329,7 +367,7 @@ pub trait DeadLetters: Send + Sync {
     /// letters were replayed or discarded. Call it from a sampler to alert on dead letters.
     fn count_dead_letters(&self, known: &[String]) -> impl Future<Output = Result<BTreeMap<String, u64>>> + Send {
         async move {
-            let letters = self.dead_letters(&DeadLetterFilter::default(), DeadLetterAction::List, usize::MAX).await?;
+            let letters = self.dead_letters(&DeadFilter::default(), DeadLetterAction::List, usize::MAX).await?;
             let mut counts: BTreeMap<String, u64> = known.iter().map(|consumer| (consumer.clone(), 0)).collect();
             for letter in letters.letters {
                 *counts.entry(letter.consumer.unwrap_or_else(|| "-".to_owned())).or_insert(0) += 1;
@@ -374,26 +412,26 @@ mod tests {
         let now = Utc::now();
         let old = letter("billing", "order.placed", now - chrono::Duration::hours(2));
         assert_eq!(old.attempts, Some(3));
-        assert!(DeadLetterFilter::default().matches(&old, now));
-        assert!(DeadLetterFilter::default().consumer("x").consumer("billing").matches(&old, now));
-        assert!(!DeadLetterFilter::default().consumer("shipping").matches(&old, now));
-        assert!(DeadLetterFilter::default().event_type("order.placed").aggregate_id("o1").matches(&old, now));
-        assert!(!DeadLetterFilter::default().aggregate_type("invoice").matches(&old, now));
-        assert!(DeadLetterFilter::default().error_contains("timeout").matches(&old, now));
-        assert!(DeadLetterFilter::default().older_than(Duration::from_secs(3600)).matches(&old, now));
-        assert!(!DeadLetterFilter::default().newer_than(Duration::from_secs(3600)).matches(&old, now));
-        assert!(DeadLetterFilter::default().id("7").matches(&old, now));
-        assert!(!DeadLetterFilter::default().id("8").matches(&old, now));
+        assert!(DeadFilter::default().matches(&old, now));
+        assert!(DeadFilter::default().consumer("x").consumer("billing").matches(&old, now));
+        assert!(!DeadFilter::default().consumer("shipping").matches(&old, now));
+        assert!(DeadFilter::default().event_type("order.placed").aggregate_id("o1").matches(&old, now));
+        assert!(!DeadFilter::default().aggregate_type("invoice").matches(&old, now));
+        assert!(DeadFilter::default().error_contains("timeout").matches(&old, now));
+        assert!(DeadFilter::default().older_than(Duration::from_secs(3600)).matches(&old, now));
+        assert!(!DeadFilter::default().newer_than(Duration::from_secs(3600)).matches(&old, now));
+        assert!(DeadFilter::default().id("7").matches(&old, now));
+        assert!(!DeadFilter::default().id("8").matches(&old, now));
         let mut timeless = old.clone();
         timeless.dead_at = None;
-        assert!(!DeadLetterFilter::default().older_than(Duration::ZERO).matches(&timeless, now));
+        assert!(!DeadFilter::default().older_than(Duration::ZERO).matches(&timeless, now));
     }
 
     #[test]
     fn acting_on_everything_must_be_said() {
-        assert!(DeadLetterFilter::default().require_selection("discarding").is_err());
-        assert!(DeadLetterFilter::all().require_selection("discarding").is_ok());
-        assert!(DeadLetterFilter::default().consumer("billing").require_selection("replaying").is_ok());
+        assert!(DeadFilter::default().require_selection("discarding").is_err());
+        assert!(DeadFilter::all().require_selection("discarding").is_ok());
+        assert!(DeadFilter::default().consumer("billing").require_selection("replaying").is_ok());
     }
 
     #[test]

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-pub use dead_letters::{DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters};
+pub use dead_letters::{DeadFilter, DeadLetterAction, DeadLetterEntry, DeadLetterOutcome, DeadLetters};
 pub use group::{GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
 pub use route::{BatchHandler, EventHandler, Handled, Received};
 pub use transport::{DeadLetter, Delivery, Lag, MAX_DEAD_REASON_LEN, Replayable, Transport, dead_header, replayable};

@@ -13,9 +13,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::KafkaTransport;
 use super::config::{BROKER, KafkaContext, REPLAY_GROUP_SUFFIX, create, shared, validate_topic};
 use super::transport::rebuild_headers;
-use crate::consume::{
-    DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, dead_header,
-};
+use crate::consume::{DeadFilter, DeadLetterAction, DeadLetterEntry, DeadLetterOutcome, DeadLetters, dead_header};
 use crate::error::{Error, Result};
 
 /// How long a replay waits for the next dead letter it knows is there.
@@ -202,7 +200,7 @@ impl DeadLetters for KafkaTransport {
     /// absorbs it; a kept one appended already is then there twice).
     async fn dead_letters(
         &self,
-        filter: &DeadLetterFilter,
+        filter: &DeadFilter,
         action: DeadLetterAction,
         max: usize,
     ) -> Result<DeadLetterOutcome> {

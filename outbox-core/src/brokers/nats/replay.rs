@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
 
-use crate::consume::{DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, replayable};
+use crate::consume::{DeadFilter, DeadLetterAction, DeadLetterEntry, DeadLetterOutcome, DeadLetters, replayable};
 use crate::error::{Error, Result};
 use crate::text::one_line;
 
@@ -120,7 +120,7 @@ impl DeadLetters for NatsTransport {
     /// The [`DeadLetters`] walk: every message on the dead-letter subject, by sequence.
     async fn dead_letters(
         &self,
-        filter: &DeadLetterFilter,
+        filter: &DeadFilter,
         action: DeadLetterAction,
         max: usize,
     ) -> Result<DeadLetterOutcome> {

@@ -9,7 +9,7 @@ use super::RabbitTransport;
 use super::config::{BROKER, close_quietly, headers_of, parse_origin, short};
 use super::transport::{carried_properties, rebuild_headers};
 use crate::consume::{
-    DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, dead_header, replayable,
+    DeadFilter, DeadLetterAction, DeadLetterEntry, DeadLetterOutcome, DeadLetters, dead_header, replayable,
 };
 use crate::error::{Error, Result};
 use crate::text::one_line;
@@ -18,7 +18,7 @@ impl RabbitTransport {
     async fn walk_on(
         &self,
         channel: &lapin::Channel,
-        filter: &DeadLetterFilter,
+        filter: &DeadFilter,
         action: DeadLetterAction,
         max: usize,
     ) -> Result<DeadLetterOutcome> {
@@ -168,7 +168,7 @@ impl DeadLetters for RabbitTransport {
     /// and a command) each miss what the other holds; nothing is lost, and a walk run again sees them.
     async fn dead_letters(
         &self,
-        filter: &DeadLetterFilter,
+        filter: &DeadFilter,
         action: DeadLetterAction,
         max: usize,
     ) -> Result<DeadLetterOutcome> {

@@ -5,9 +5,7 @@ use std::collections::BTreeMap;
 
 use ::redis::Value;
 
-use crate::consume::{
-    DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, dead_header,
-};
+use crate::consume::{DeadFilter, DeadLetterAction, DeadLetterEntry, DeadLetterOutcome, DeadLetters, dead_header};
 use crate::error::{Error, Result};
 use crate::text::one_line;
 
@@ -74,7 +72,7 @@ impl DeadLetters for RedisTransport {
     /// The [`DeadLetters`] walk: the dead-letter stream by `XRANGE`, oldest first.
     async fn dead_letters(
         &self,
-        filter: &DeadLetterFilter,
+        filter: &DeadFilter,
         action: DeadLetterAction,
         max: usize,
     ) -> Result<DeadLetterOutcome> {

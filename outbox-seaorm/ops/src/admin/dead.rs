@@ -1,11 +1,10 @@
 //! Dead events: list, show, replay and discard them, all or a selection.
 //!
-//! A [`DeadFilter`] selects dead events by event type, aggregate, error text, time of death and id; its
-//! criteria combine with AND (a list of event types or ids matches any of them) and become sea-query
-//! conditions with bound values, never SQL text built from input.
+//! A [`DeadFilter`] (the one filter of dead rows and dead letters) selects dead events by event type,
+//! aggregate, error text, time of death and id; its criteria combine with AND (a list of event types or ids
+//! matches any of them) and become sea-query conditions with bound values, never SQL text built from input.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::extension::mysql::{IndexHintScope, MySqlSelectStatementExt};
@@ -16,133 +15,48 @@ use sea_orm::{
 };
 use serde::Serialize;
 
-use outbox_seaorm::{Error, EventId, Result};
+use outbox_seaorm::{DeadFilter, Error, EventId, Result};
 
 use crate::error::store_error;
 use outbox_seaorm::entity::outbox_aggregate;
 use outbox_seaorm::entity::outbox_event::{self, Column, Entity};
 
-/// Which dead events an operation applies to. [`DeadFilter::default`] matches every dead event.
-///
-/// ```
-/// use std::time::Duration;
-/// use outbox_ops::admin::DeadFilter;
-///
-/// // Events that died in the last hour of a broker timeout.
-/// let filter = DeadFilter::default().error_contains("timeout").newer_than(Duration::from_secs(3600));
-/// assert!(!filter.is_empty());
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeadFilter {
-    event_types: Vec<String>,
-    aggregate_type: Option<String>,
-    aggregate_id: Option<String>,
-    error_contains: Option<String>,
-    older_than: Option<Duration>,
-    newer_than: Option<Duration>,
-    ids: Vec<EventId>,
-    everything: bool,
-}
-
-impl DeadFilter {
-    /// Every dead event, said explicitly: what [`discard_dead`] needs to discard them all.
-    pub fn all() -> Self {
-        DeadFilter { everything: true, ..DeadFilter::default() }
+/// The condition on `outbox_events` of `filter`: dead, unpublished, and every criterion. A consumer
+/// criterion is refused: dead outbox rows have none (it selects consumers' dead letters).
+pub(crate) fn condition(filter: &DeadFilter, now: DateTime<Utc>) -> Result<Cond> {
+    if !filter.consumers().is_empty() {
+        return Err(Error::invalid_config(
+            "dead filter",
+            "selects a consumer, but dead outbox rows have none (the relay gave up on them before any consumer \
+             saw them); the consumer criterion selects consumers' dead letters (`outbox dead-letters`)",
+        ));
     }
-
-    /// Only events of this type (call again to add more types).
-    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
-        self.event_types.push(event_type.into());
-        self
+    let now_ms = now.timestamp_millis();
+    let mut cond = Cond::all().add(Column::DeadAtMs.is_not_null()).add(Column::PublishedAtMs.is_null());
+    if !filter.event_types().is_empty() {
+        cond = cond.add(Column::EventType.is_in(filter.event_types().iter().cloned()));
     }
-
-    /// Only events of this aggregate type.
-    pub fn aggregate_type(mut self, aggregate_type: impl Into<String>) -> Self {
-        self.aggregate_type = Some(aggregate_type.into());
-        self
+    if let Some(aggregate_type) = filter.selected_aggregate_type() {
+        cond = cond.add(Column::AggregateType.eq(aggregate_type));
     }
-
-    /// Only events of this aggregate id.
-    pub fn aggregate_id(mut self, aggregate_id: impl Into<String>) -> Self {
-        self.aggregate_id = Some(aggregate_id.into());
-        self
+    if let Some(aggregate_id) = filter.selected_aggregate_id() {
+        cond = cond.add(Column::AggregateId.eq(aggregate_id));
     }
-
-    /// Only events whose last error contains `text`, ignoring ASCII case.
-    pub fn error_contains(mut self, text: impl Into<String>) -> Self {
-        self.error_contains = Some(text.into());
-        self
+    if let Some(text) = filter.error_text() {
+        let pattern = format!("%{}%", escape_like(&text.to_ascii_lowercase()));
+        cond = cond.add(Expr::expr(Func::lower(Expr::col(Column::LastError))).like(LikeExpr::new(pattern).escape('!')));
     }
-
-    /// Only events that died more than `age` ago.
-    pub fn older_than(mut self, age: Duration) -> Self {
-        self.older_than = Some(age);
-        self
+    let (older_than, newer_than) = filter.age_bounds();
+    if let Some(age) = older_than {
+        cond = cond.add(Column::DeadAtMs.lte(super::cutoff_ms(now_ms, age)));
     }
-
-    /// Only events that died less than `age` ago.
-    pub fn newer_than(mut self, age: Duration) -> Self {
-        self.newer_than = Some(age);
-        self
+    if let Some(age) = newer_than {
+        cond = cond.add(Column::DeadAtMs.gt(super::cutoff_ms(now_ms, age)));
     }
-
-    /// Only this event (call again, or use [`DeadFilter::ids`], to add more).
-    pub fn id(mut self, id: EventId) -> Self {
-        self.ids.push(id);
-        self
+    if !filter.selected_ids().is_empty() {
+        cond = cond.add(Column::EventId.is_in(filter.selected_ids().iter().cloned()));
     }
-
-    /// Only these events.
-    pub fn ids(mut self, ids: impl IntoIterator<Item = EventId>) -> Self {
-        self.ids.extend(ids);
-        self
-    }
-
-    /// The ids this filter selects (empty: any).
-    pub fn selected_ids(&self) -> &[EventId] {
-        &self.ids
-    }
-
-    /// Whether no criterion was given (the filter matches every dead event).
-    pub fn is_empty(&self) -> bool {
-        self.event_types.is_empty()
-            && self.aggregate_type.is_none()
-            && self.aggregate_id.is_none()
-            && self.error_contains.is_none()
-            && self.older_than.is_none()
-            && self.newer_than.is_none()
-            && self.ids.is_empty()
-    }
-
-    /// The condition on `outbox_events`: dead, unpublished, and every criterion.
-    pub(crate) fn condition(&self, now: DateTime<Utc>) -> Cond {
-        let now_ms = now.timestamp_millis();
-        let mut cond = Cond::all().add(Column::DeadAtMs.is_not_null()).add(Column::PublishedAtMs.is_null());
-        if !self.event_types.is_empty() {
-            cond = cond.add(Column::EventType.is_in(self.event_types.iter().cloned()));
-        }
-        if let Some(aggregate_type) = &self.aggregate_type {
-            cond = cond.add(Column::AggregateType.eq(aggregate_type.as_str()));
-        }
-        if let Some(aggregate_id) = &self.aggregate_id {
-            cond = cond.add(Column::AggregateId.eq(aggregate_id.as_str()));
-        }
-        if let Some(text) = &self.error_contains {
-            let pattern = format!("%{}%", escape_like(&text.to_ascii_lowercase()));
-            cond = cond
-                .add(Expr::expr(Func::lower(Expr::col(Column::LastError))).like(LikeExpr::new(pattern).escape('!')));
-        }
-        if let Some(age) = self.older_than {
-            cond = cond.add(Column::DeadAtMs.lte(super::cutoff_ms(now_ms, age)));
-        }
-        if let Some(age) = self.newer_than {
-            cond = cond.add(Column::DeadAtMs.gt(super::cutoff_ms(now_ms, age)));
-        }
-        if !self.ids.is_empty() {
-            cond = cond.add(Column::EventId.is_in(self.ids.iter().map(ToString::to_string)));
-        }
-        cond
-    }
+    Ok(cond)
 }
 
 /// `text` with the LIKE wildcards and the escape character itself escaped by `!`.
@@ -218,7 +132,7 @@ impl DeadEvent {
 /// The first `limit` dead events `filter` selects, oldest first (by sequence), without payloads.
 pub async fn list_dead<C: ConnectionTrait>(db: &C, filter: &DeadFilter, limit: u64) -> Result<Vec<DeadEvent>> {
     let backend = db.get_database_backend();
-    let rows = dead_rows(backend, filter)
+    let rows = dead_rows(backend, filter)?
         .order_by_asc(Column::Seq)
         .limit(limit)
         .all(db)
@@ -230,18 +144,18 @@ pub async fn list_dead<C: ConnectionTrait>(db: &C, filter: &DeadFilter, limit: u
 /// The dead rows `filter` selects, read through `outbox_events_dead`. MySQL/MariaDB get the index by
 /// force: for `ORDER BY seq LIMIT n` the optimizer preferred walking the primary key past every published
 /// row (1.2 s with 1M published rows and 10k dead ones, against 10 ms).
-pub(crate) fn dead_rows(backend: DbBackend, filter: &DeadFilter) -> sea_orm::Select<Entity> {
-    let mut select = Entity::find().filter(filter.condition(Utc::now()));
+pub(crate) fn dead_rows(backend: DbBackend, filter: &DeadFilter) -> Result<sea_orm::Select<Entity>> {
+    let mut select = Entity::find().filter(condition(filter, Utc::now())?);
     if backend == DbBackend::MySql {
         QuerySelect::query(&mut select).force_index("outbox_events_dead", IndexHintScope::All);
     }
-    select
+    Ok(select)
 }
 
 /// How many dead events `filter` selects: what a replay or discard of it would change now.
 pub async fn count_dead<C: ConnectionTrait>(db: &C, filter: &DeadFilter) -> Result<u64> {
     let backend = db.get_database_backend();
-    dead_rows(backend, filter)
+    dead_rows(backend, filter)?
         .count(db)
         .await
         .map_err(|e| store_error("count dead events", "outbox_events", backend, e))
@@ -252,7 +166,7 @@ pub async fn count_dead<C: ConnectionTrait>(db: &C, filter: &DeadFilter) -> Resu
 pub async fn show_dead<C: ConnectionTrait>(db: &C, id: EventId) -> Result<Option<DeadEvent>> {
     let backend = db.get_database_backend();
     let row = Entity::find()
-        .filter(DeadFilter::default().id(id).condition(Utc::now()))
+        .filter(condition(&DeadFilter::default().id(id), Utc::now())?)
         .one(db)
         .await
         .map_err(|e| store_error("show a dead event", "outbox_events", backend, e))?;
@@ -274,7 +188,7 @@ pub async fn replay_dead(db: &DatabaseConnection, filter: &DeadFilter) -> Result
         .value(Column::DeadAtMs, Option::<i64>::None)
         .value(Column::Attempts, 0)
         .value(Column::NextAttemptAtMs, now_ms)
-        .cond_where(filter.condition(now));
+        .cond_where(condition(filter, now)?);
     let replayed = txn.execute(&replay).await.map_err(error("replay dead rows"))?.rows_affected();
     if replayed > 0 {
         // After the rows, and waiting for any relay that holds an aggregate's row, whatever its hint says:
@@ -314,13 +228,7 @@ pub async fn replay_dead(db: &DatabaseConnection, filter: &DeadFilter) -> Result
 /// An empty filter is refused unless it is [`DeadFilter::all`]: discarding every dead event loses data
 /// and must be asked for by name.
 pub async fn discard_dead(db: &DatabaseConnection, filter: &DeadFilter) -> Result<u64> {
-    if filter.is_empty() && !filter.everything {
-        return Err(Error::invalid_config(
-            "dead filter",
-            "is empty, which would discard every dead event; give a criterion, or DeadFilter::all() (`--all`) to \
-             discard them all",
-        ));
-    }
+    filter.require_selection("discarding")?;
     let backend = db.get_database_backend();
     let error = |operation| move |e| store_error(operation, "outbox_events", backend, e);
     let now = Utc::now();
@@ -329,14 +237,14 @@ pub async fn discard_dead(db: &DatabaseConnection, filter: &DeadFilter) -> Resul
         .select_only()
         .column(Column::AggregateType)
         .column(Column::AggregateId)
-        .filter(filter.condition(now))
+        .filter(condition(filter, now)?)
         .into_tuple::<(String, String)>()
         .all(&txn)
         .await
         .map_err(error("find dead events to discard"))?;
     let aggregates: BTreeSet<(String, String)> = rows.into_iter().collect();
     let mut delete = Query::delete();
-    delete.from_table(Entity).cond_where(filter.condition(now));
+    delete.from_table(Entity).cond_where(condition(filter, now)?);
     let discarded = txn.execute(&delete).await.map_err(error("discard dead events"))?.rows_affected();
     let aggregates: Vec<(String, String)> = aggregates.into_iter().collect();
     for chunk in aggregates.chunks(200) {

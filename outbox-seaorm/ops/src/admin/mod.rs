@@ -29,7 +29,8 @@ mod dead;
 mod relays;
 
 pub use check::{Check, CheckOptions, CheckReport, check, clock_skew, pending_migrations, read_only_reason};
-pub use dead::{DeadEvent, DeadFilter, count_dead, discard_dead, list_dead, replay_dead, show_dead};
+pub use dead::{DeadEvent, count_dead, discard_dead, list_dead, replay_dead, show_dead};
+pub use outbox_seaorm::DeadFilter;
 pub use outbox_seaorm::maintenance::{
     CleanupConfig, CleanupProgress, CleanupReport, CleanupTable, GroupStats, HEARTBEAT_RETENTION, MIGRATION_NAMES,
     Stats, StatsMode, cleanup, stats, stats_in,

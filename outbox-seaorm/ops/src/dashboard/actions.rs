@@ -9,11 +9,11 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use outbox_seaorm::consume::{DeadLetterAction, DeadLetterFilter};
+use outbox_seaorm::consume::{DeadFilter, DeadLetterAction};
 
 use super::form::{self, DeadQuery, field};
 use super::{Ctx, Shared, Visit, failure, html, not_found, refused, view};
-use crate::admin::{self, DeadFilter};
+use crate::admin;
 use outbox_seaorm::Result;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +36,7 @@ enum Target {
     /// Dead outbox rows.
     Rows(DeadFilter),
     /// The consumer dead letters of one source.
-    Letters { source: usize, filter: DeadLetterFilter },
+    Letters { source: usize, filter: DeadFilter },
 }
 
 impl Target {
@@ -51,18 +51,15 @@ impl Target {
             },
             (Some("ids"), Some(source)) => match form::letter_ids(pairs)? {
                 ids if ids.is_empty() => Err("no letter selected: tick at least one row".to_owned()),
-                ids => Ok(Target::Letters {
-                    source,
-                    filter: ids.into_iter().fold(DeadLetterFilter::default(), DeadLetterFilter::id),
-                }),
+                ids => Ok(Target::Letters { source, filter: DeadFilter::default().ids(ids) }),
             },
             (Some("filter"), None) => {
                 let filter = query.filter()?;
                 Ok(Target::Rows(if query.is_empty() { DeadFilter::all() } else { filter }))
             }
             (Some("filter"), Some(source)) => {
-                let filter = query.letter_filter()?;
-                Ok(Target::Letters { source, filter: if query.is_empty() { DeadLetterFilter::all() } else { filter } })
+                let filter = query.filter()?;
+                Ok(Target::Letters { source, filter: if query.is_empty() { DeadFilter::all() } else { filter } })
             }
             _ => Err("the form says neither a selection nor a filter (scope=ids or scope=filter)".to_owned()),
         }

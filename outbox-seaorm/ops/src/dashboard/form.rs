@@ -2,9 +2,7 @@
 //! parsed, checked, and written back into links.
 
 use outbox_seaorm::EventId;
-use outbox_seaorm::consume::DeadLetterFilter;
-
-use crate::admin::DeadFilter;
+use outbox_seaorm::consume::DeadFilter;
 
 /// Longest value accepted in a field (a filter text, an id).
 const MAX_FIELD: usize = 500;
@@ -91,33 +89,12 @@ impl DeadQuery {
         Ok(())
     }
 
-    /// The dead rows' filter, or what is wrong with a field.
+    /// The filter typed, for dead rows or consumer dead letters alike ([`DeadFilter::default`] when no field
+    /// is set), or what is wrong with a field. The dead rows' form has no consumer field; a consumer in
+    /// their query is refused where the rows are read.
     pub fn filter(&self) -> Result<DeadFilter, String> {
         self.check_lengths()?;
         let mut filter = DeadFilter::default();
-        if let Some(v) = &self.aggregate_type {
-            filter = filter.aggregate_type(v.as_str());
-        }
-        if let Some(v) = &self.aggregate_id {
-            filter = filter.aggregate_id(v.as_str());
-        }
-        if let Some(v) = &self.event_type {
-            filter = filter.event_type(v.as_str());
-        }
-        if let Some(v) = &self.error {
-            filter = filter.error_contains(v.as_str());
-        }
-        if let Some(v) = &self.older_than {
-            filter = filter.older_than(outbox_seaorm::text::parse_duration(v)?);
-        }
-        Ok(filter)
-    }
-
-    /// The consumer dead letters' filter ([`DeadLetterFilter::default`] when no field is set), or what is
-    /// wrong with a field.
-    pub fn letter_filter(&self) -> Result<DeadLetterFilter, String> {
-        self.check_lengths()?;
-        let mut filter = DeadLetterFilter::default();
         if let Some(v) = &self.consumer {
             filter = filter.consumer(v.as_str());
         }
@@ -204,7 +181,7 @@ mod tests {
         let again = DeadQuery::from_pairs(&pairs(query.query_string(&[("after", "7")]).as_bytes()));
         assert_eq!(again, query);
         let letters = DeadQuery::from_pairs(&pairs(b"consumer=billing&aggregate_id=o-1"));
-        assert_eq!(letters.letter_filter(), Ok(DeadLetterFilter::default().consumer("billing").aggregate_id("o-1")));
+        assert_eq!(letters.filter(), Ok(DeadFilter::default().consumer("billing").aggregate_id("o-1")));
         assert_eq!(DeadQuery::from_pairs(&pairs(letters.query_string(&[]).as_bytes())), letters);
         assert_eq!(source(&pairs(b"s=1"), 2), Ok(1));
         assert!(source(&pairs(b"s=2"), 2).unwrap_err().contains("no dead-letter source"));

@@ -7,9 +7,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 
-use outbox_seaorm::consume::{
-    DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, Lag,
-};
+use outbox_seaorm::consume::{DeadFilter, DeadLetterAction, DeadLetterEntry, DeadLetterOutcome, DeadLetters, Lag};
 
 use outbox_seaorm::Result;
 
@@ -25,7 +23,7 @@ type LagRead<'a> = Pin<Box<dyn Future<Output = Result<Option<Lag>>> + Send + 'a>
 trait LetterSource: Send + Sync {
     /// `Redis Streams orders:dead`.
     fn label(&self) -> String;
-    fn walk<'a>(&'a self, filter: &'a DeadLetterFilter, action: DeadLetterAction, max: usize) -> Walk<'a>;
+    fn walk<'a>(&'a self, filter: &'a DeadFilter, action: DeadLetterAction, max: usize) -> Walk<'a>;
     fn lag(&self) -> LagRead<'_>;
 }
 
@@ -34,7 +32,7 @@ impl<T: DeadLetters + 'static> LetterSource for T {
         format!("{} {}", self.dead_letter_broker(), self.dead_letter_location())
     }
 
-    fn walk<'a>(&'a self, filter: &'a DeadLetterFilter, action: DeadLetterAction, max: usize) -> Walk<'a> {
+    fn walk<'a>(&'a self, filter: &'a DeadFilter, action: DeadLetterAction, max: usize) -> Walk<'a> {
         Box::pin(self.dead_letters(filter, action, max))
     }
 
@@ -62,12 +60,7 @@ impl Letters {
     }
 
     /// Does `action` to each letter `filter` selects, up to `max`, after any other walk of this source.
-    pub async fn walk(
-        &self,
-        filter: &DeadLetterFilter,
-        action: DeadLetterAction,
-        max: usize,
-    ) -> Result<DeadLetterOutcome> {
+    pub async fn walk(&self, filter: &DeadFilter, action: DeadLetterAction, max: usize) -> Result<DeadLetterOutcome> {
         let _turn = self.turn.lock().await;
         self.source.walk(filter, action, max).await
     }
@@ -82,7 +75,7 @@ impl Letters {
                 Some(Err(error.to_string()))
             }
         };
-        match self.walk(&DeadLetterFilter::default(), DeadLetterAction::List, COUNT_CAP).await {
+        match self.walk(&DeadFilter::default(), DeadLetterAction::List, COUNT_CAP).await {
             Err(error) => {
                 tracing::debug!(%error, source = %label, "dashboard: cannot count the consumer dead letters");
                 LetterCounts { label, counts: Err(error.to_string()), capped: false, lag }
@@ -100,7 +93,7 @@ impl Letters {
 
     /// The oldest [`LIST_LIMIT`] letters `filter` selects, and how many match (walking at most
     /// [`COUNT_CAP`]; `true` when it stopped there).
-    pub async fn list(&self, filter: &DeadLetterFilter) -> Result<(Vec<DeadLetterEntry>, usize, bool)> {
+    pub async fn list(&self, filter: &DeadFilter) -> Result<(Vec<DeadLetterEntry>, usize, bool)> {
         let mut letters = self.walk(filter, DeadLetterAction::List, COUNT_CAP).await?.letters;
         let matching = letters.len();
         letters.truncate(LIST_LIMIT);
@@ -109,12 +102,12 @@ impl Letters {
 
     /// The letter with `id`, headers and payload included.
     pub async fn show(&self, id: &str) -> Result<Option<DeadLetterEntry>> {
-        let filter = DeadLetterFilter::default().id(id);
+        let filter = DeadFilter::default().id(id);
         Ok(self.walk(&filter, DeadLetterAction::Show, 1).await?.letters.into_iter().next())
     }
 
     /// How many letters `filter` selects, every one counted (an action is about to touch them all).
-    pub async fn count_matching(&self, filter: &DeadLetterFilter) -> Result<u64> {
+    pub async fn count_matching(&self, filter: &DeadFilter) -> Result<u64> {
         Ok(self.walk(filter, DeadLetterAction::List, usize::MAX).await?.letters.len() as u64)
     }
 }

@@ -484,7 +484,7 @@ async fn letter_list(State(s): Ctx, visit: Visit, RawQuery(query): RawQuery) -> 
         Ok(source) => source,
         Err(message) => return not_found(&frame, &message),
     };
-    let letters = match query.letter_filter() {
+    let letters = match query.filter() {
         Err(message) => Err(message),
         Ok(filter) => s.letter_sources[source].list(&filter).await.map_err(|e| e.to_string()),
     };

@@ -184,7 +184,7 @@ pub(super) async fn dead_page<C: ConnectionTrait>(
     after: Option<i64>,
 ) -> Result<(Vec<DeadEvent>, bool)> {
     let backend = db.get_database_backend();
-    let mut select = admin::dead_rows(backend, filter);
+    let mut select = admin::dead_rows(backend, filter)?;
     if let Some(after) = after {
         select = select.filter(Column::Seq.gt(after));
     }

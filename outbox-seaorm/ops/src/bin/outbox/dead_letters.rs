@@ -2,8 +2,6 @@
 //! RabbitMQ, Redis Streams), listed, shown, replayed, discarded and counted through
 //! `outbox_runtime::consume::DeadLetters`. No database is involved.
 
-use std::time::Duration;
-
 use clap::{Args, Subcommand};
 use outbox_seaorm::Destination;
 use outbox_seaorm::brokers::BrokerKind;
@@ -11,12 +9,11 @@ use outbox_seaorm::brokers::kafka::{KafkaTransport, Subscription};
 use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport, NatsTransportOptions};
 use outbox_seaorm::brokers::rabbitmq::RabbitTransport;
 use outbox_seaorm::brokers::redis::{RedisTransport, RedisTransportConfig};
-use outbox_seaorm::consume::{
-    DeadLetterAction, DeadLetterEntry, DeadLetterFilter, DeadLetterOutcome, DeadLetters, Lag,
-};
+use outbox_seaorm::consume::{DeadFilter, DeadLetterAction, DeadLetterEntry, DeadLetterOutcome, DeadLetters, Lag};
 use outbox_seaorm::text::one_line;
 
-use crate::{CliError, JsonArgs, duration};
+use crate::selection::SelectionArgs;
+use crate::{CliError, JsonArgs};
 
 #[derive(Subcommand)]
 pub enum DeadLettersCommand {
@@ -25,7 +22,7 @@ pub enum DeadLettersCommand {
         #[command(flatten)]
         source: SourceArgs,
         #[command(flatten)]
-        filter: LetterFilterArgs,
+        filter: SelectionArgs,
         /// Most dead letters to list.
         #[arg(long, env = "OUTBOX_LIMIT", default_value_t = 50)]
         limit: u64,
@@ -46,14 +43,14 @@ pub enum DeadLettersCommand {
         #[command(flatten)]
         source: SourceArgs,
         #[command(flatten)]
-        filter: LetterFilterArgs,
+        filter: SelectionArgs,
     },
     /// Delete dead letters for good; prints how many.
     Discard {
         #[command(flatten)]
         source: SourceArgs,
         #[command(flatten)]
-        filter: LetterFilterArgs,
+        filter: SelectionArgs,
     },
     /// Count dead letters per consumer.
     Count {
@@ -130,82 +127,6 @@ pub struct PlaceArgs {
     dead_letter_suffix: Option<String>,
 }
 
-/// Which dead letters; criteria combine with AND. The same flags as `outbox dead`, plus --consumer.
-#[derive(Args)]
-pub struct LetterFilterArgs {
-    /// Only letters these consumers dead-lettered (the outbox_dead_consumer header; repeat, or
-    /// comma-separate).
-    #[arg(long = "consumer", env = "OUTBOX_CONSUMER", value_delimiter = ',', value_name = "CONSUMER")]
-    consumers: Vec<String>,
-    /// Only these event types (repeat, or comma-separate).
-    #[arg(long = "event-type", env = "OUTBOX_EVENT_TYPE", value_delimiter = ',', value_name = "TYPE")]
-    event_types: Vec<String>,
-    /// Only this aggregate type.
-    #[arg(long, env = "OUTBOX_AGGREGATE_TYPE")]
-    aggregate_type: Option<String>,
-    /// Only this aggregate id.
-    #[arg(long, env = "OUTBOX_AGGREGATE_ID")]
-    aggregate_id: Option<String>,
-    /// Only letters whose reason contains this text (ignoring case).
-    #[arg(long, env = "OUTBOX_ERROR_CONTAINS")]
-    error_contains: Option<String>,
-    /// Only letters dead-lettered longer ago than this.
-    #[arg(long, env = "OUTBOX_OLDER_THAN", value_parser = duration::parse, value_name = "DURATION")]
-    older_than: Option<Duration>,
-    /// Only letters dead-lettered less long ago than this.
-    #[arg(long, env = "OUTBOX_NEWER_THAN", value_parser = duration::parse, value_name = "DURATION")]
-    newer_than: Option<Duration>,
-    /// Only these dead letters, by id as listed (repeat, or comma-separate).
-    #[arg(long = "id", env = "OUTBOX_ID", value_delimiter = ',', value_name = "ID")]
-    ids: Vec<String>,
-    /// Every dead letter: `replay` and `discard` need a filter or this.
-    #[arg(long, env = "OUTBOX_DEAD_ALL")]
-    all: bool,
-}
-
-impl LetterFilterArgs {
-    fn filter(&self, kind: BrokerKind) -> Result<DeadLetterFilter, CliError> {
-        let mut filter = if self.all { DeadLetterFilter::all() } else { DeadLetterFilter::default() };
-        for consumer in &self.consumers {
-            filter = filter.consumer(consumer);
-        }
-        for event_type in &self.event_types {
-            filter = filter.event_type(event_type);
-        }
-        if let Some(aggregate_type) = &self.aggregate_type {
-            filter = filter.aggregate_type(aggregate_type);
-        }
-        if let Some(aggregate_id) = &self.aggregate_id {
-            filter = filter.aggregate_id(aggregate_id);
-        }
-        if let Some(text) = &self.error_contains {
-            filter = filter.error_contains(text);
-        }
-        if let Some(age) = self.older_than {
-            filter = filter.older_than(age);
-        }
-        if let Some(age) = self.newer_than {
-            filter = filter.newer_than(age);
-        }
-        for id in &self.ids {
-            filter = filter.id(check_id(kind, id)?);
-        }
-        Ok(filter)
-    }
-
-    /// The filter of a command that removes letters: at least one criterion, or `--all`.
-    fn selective(&self, kind: BrokerKind, verb: &str) -> Result<DeadLetterFilter, CliError> {
-        let filter = self.filter(kind)?;
-        if filter.is_empty() && !self.all {
-            return Err(CliError::Refused(format!(
-                "`dead-letters {verb}` needs a filter (--consumer, --event-type, --aggregate-type, --aggregate-id, \
-                 --error-contains, --older-than, --newer-than, --id) or --all"
-            )));
-        }
-        Ok(filter)
-    }
-}
-
 /// `id` when it has the shape of a dead-letter id of `kind`, otherwise a refusal saying the shape.
 fn check_id(kind: BrokerKind, id: &str) -> Result<String, CliError> {
     let id = id.trim();
@@ -264,7 +185,7 @@ impl DeadLetters for AnyTransport {
 
     async fn dead_letters(
         &self,
-        filter: &DeadLetterFilter,
+        filter: &DeadFilter,
         action: DeadLetterAction,
         max: usize,
     ) -> outbox_seaorm::Result<DeadLetterOutcome> {
@@ -365,10 +286,14 @@ pub async fn run(command: DeadLettersCommand) -> Result<(), CliError> {
     let kind = BrokerKind::from_url(&source.broker)?;
     // Bad input is refused before anything connects.
     let filter = match &command {
-        DeadLettersCommand::List { filter, .. } => Some(filter.filter(kind)?),
-        DeadLettersCommand::Replay { filter, .. } => Some(filter.selective(kind, "replay")?),
-        DeadLettersCommand::Discard { filter, .. } => Some(filter.selective(kind, "discard")?),
-        DeadLettersCommand::Show { id, .. } => Some(DeadLetterFilter::default().id(check_id(kind, id)?)),
+        DeadLettersCommand::List { filter, .. } => Some(filter.filter(|id| check_id(kind, id))?),
+        DeadLettersCommand::Replay { filter, .. } => {
+            Some(filter.selective("dead-letters replay", |id| check_id(kind, id))?)
+        }
+        DeadLettersCommand::Discard { filter, .. } => {
+            Some(filter.selective("dead-letters discard", |id| check_id(kind, id))?)
+        }
+        DeadLettersCommand::Show { id, .. } => Some(DeadFilter::default().id(check_id(kind, id)?)),
         DeadLettersCommand::Count { .. } => None,
     };
     let filter = filter.unwrap_or_default();

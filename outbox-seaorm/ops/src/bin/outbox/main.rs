@@ -22,6 +22,7 @@ mod migrate;
 mod notify;
 mod redact;
 mod relay;
+mod selection;
 mod stats;
 
 use std::process::ExitCode;
