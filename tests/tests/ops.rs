@@ -139,6 +139,11 @@ async fn discarding_a_dead_head_lets_its_aggregate_go_on(t: TestDb) {
 
     let err = admin::discard_dead(&t.db, &DeadFilter::default()).await.unwrap_err();
     assert!(err.to_string().contains("DeadFilter::all()"), "{t}: {err}");
+    // The one filter of dead things: a consumer selects dead letters, never dead rows (which have none).
+    let by_consumer = DeadFilter::default().consumer("billing").aggregate_id("o1");
+    let err = admin::discard_dead(&t.db, &by_consumer).await.unwrap_err();
+    assert!(err.to_string().contains("dead outbox rows have none"), "{t}: {err}");
+    assert!(admin::list_dead(&t.db, &by_consumer, 10).await.is_err(), "{t}: listed by consumer");
     let discarded = admin::discard_dead(&t.db, &DeadFilter::default().aggregate_type("order").aggregate_id("o1"))
         .await
         .unwrap_or_else(|e| panic!("{t}: {e}"));
