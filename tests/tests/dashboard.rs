@@ -613,7 +613,9 @@ async fn consumer_dead_letters_are_counted_found_replayed_and_discarded() {
     contract::relay_until_published(&t, publisher, 2).await;
 
     // Read-only: counted on the overview as the broker holds them, no button, a hand-made POST refused.
-    let letters = RedisTransport::connect(REDIS, &stream, CONSUMER, "dashboard").await.expect("transport");
+    // Through an `Arc`, as an app shares one transport between its consumer and its dashboard.
+    let letters =
+        std::sync::Arc::new(RedisTransport::connect(REDIS, &stream, CONSUMER, "dashboard").await.expect("transport"));
     let url =
         serve_dashboard(Dashboard::new(t.db.clone(), DashboardConfig::read_only()).with_dead_letters(letters)).await;
     client.goto(&url).await.expect("open the overview");

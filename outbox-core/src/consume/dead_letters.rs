@@ -387,6 +387,30 @@ pub trait DeadLetters: Send + Sync {
     }
 }
 
+/// A shared transport's dead letters: the dashboard and a running consumer can hold one transport.
+impl<T: DeadLetters> DeadLetters for std::sync::Arc<T> {
+    fn dead_letter_broker(&self) -> &'static str {
+        (**self).dead_letter_broker()
+    }
+
+    fn dead_letter_location(&self) -> String {
+        (**self).dead_letter_location()
+    }
+
+    fn dead_letters(
+        &self,
+        filter: &DeadFilter,
+        action: DeadLetterAction,
+        max: usize,
+    ) -> impl Future<Output = Result<DeadLetterOutcome>> + Send {
+        (**self).dead_letters(filter, action, max)
+    }
+
+    fn consumer_lag(&self) -> impl Future<Output = Result<Option<super::Lag>>> + Send {
+        (**self).consumer_lag()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

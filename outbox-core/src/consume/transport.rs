@@ -189,3 +189,49 @@ pub trait Transport: Send + Sync {
         async { Ok(None) }
     }
 }
+
+/// A shared transport is a transport: a consumer can read through an `Arc` that the dashboard or a health
+/// check also holds.
+impl<T: Transport> Transport for std::sync::Arc<T> {
+    type Receipt = T::Receipt;
+
+    fn broker(&self) -> &'static str {
+        (**self).broker()
+    }
+
+    fn source(&self) -> String {
+        (**self).source()
+    }
+
+    fn fetch(&self, max: usize, wait: Duration) -> impl Future<Output = Result<Vec<Delivery<Self::Receipt>>>> + Send {
+        (**self).fetch(max, wait)
+    }
+
+    fn ack(&self, receipt: &Self::Receipt) -> impl Future<Output = Result<()>> + Send {
+        (**self).ack(receipt)
+    }
+
+    fn ack_all(&self, receipts: &[&Self::Receipt]) -> impl Future<Output = Result<()>> + Send {
+        (**self).ack_all(receipts)
+    }
+
+    fn release(&self, receipt: &Self::Receipt) -> impl Future<Output = Result<()>> + Send {
+        (**self).release(receipt)
+    }
+
+    fn dead_letter(
+        &self,
+        delivery: &Delivery<Self::Receipt>,
+        letter: &DeadLetter,
+    ) -> impl Future<Output = Result<()>> + Send {
+        (**self).dead_letter(delivery, letter)
+    }
+
+    fn flush(&self) -> impl Future<Output = Result<()>> + Send {
+        (**self).flush()
+    }
+
+    fn lag(&self) -> impl Future<Output = Result<Option<Lag>>> + Send {
+        (**self).lag()
+    }
+}

@@ -386,7 +386,8 @@ fn outbox_sample() -> outbox_seaorm::OutboxEvent {
 /// them, and (the running consumer's own reading, [`Consumer::lag`]) none once it applied them.
 pub async fn lag_counts_what_the_consumer_has_not_acknowledged<F: Fixture>() {
     let Some((t, fx)) = begin::<F>("lag").await else { return };
-    let transport = fx.transport("lg").await;
+    // Shared, as an app shares it between its consumer and its dashboard: an `Arc` is a transport too.
+    let transport = Arc::new(fx.transport("lg").await);
     enqueue(&t, &counted_events(2, 3)).await;
     relay_all(&t, &fx, 6).await;
     let mut seen = None;
@@ -400,7 +401,7 @@ pub async fn lag_counts_what_the_consumer_has_not_acknowledged<F: Fixture>() {
 
     let config = fast_config().with_lag_interval(Duration::from_secs(1));
     let (consumer, _) = counting_consumer(&t, "lg", config, |_, _| false);
-    let running = Running::start(consumer, transport);
+    let running = Running::start(consumer, Arc::clone(&transport));
     eventually(Duration::from_secs(30), "6 effects", async || effects(&t, "lg").await.len() == 6).await;
     eventually(Duration::from_secs(60), "the consumer reads a lag of 0", async || {
         running.lag().is_some_and(|lag| lag.total() == 0)
