@@ -60,7 +60,7 @@ fn counting(t: &TestDb) -> Consumer {
         async move { count_item(&db, &received.envelope).await }
     };
     let config = ConsumerConfig::default().with_fetch_wait(Duration::from_millis(300));
-    Consumer::new(CONSUMER).expect("name").with_config(config).expect("config").on::<ItemCounted>(handler)
+    Consumer::new(CONSUMER).expect("name").with_config(config).on::<ItemCounted>(handler)
 }
 
 fn item_event(item: &str, n: u64) -> NewEvent {

@@ -55,7 +55,7 @@ fn shipping(db: &DatabaseConnection) -> Consumer {
     let config = ConsumerConfig::default()
         .with_backoff(Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200), multiplier: 2 })
         .with_fetch_wait(Duration::from_millis(200));
-    Consumer::new(CONSUMER).expect("name").with_config(config).expect("config").on::<ParcelShipped>(
+    Consumer::new(CONSUMER).expect("name").with_config(config).on::<ParcelShipped>(
         move |received: Received<ParcelShipped>| {
             let db = db.clone();
             async move { ship(&db, &received.envelope).await }
@@ -285,7 +285,7 @@ async fn bad_messages_are_dead_lettered_with_their_original_headers_and_the_next
     let mut consumer = shipping(&t.db);
     let mut config = consumer.config().clone();
     config.max_payload_bytes = 1_000;
-    consumer = consumer.with_config(config).expect("config");
+    consumer = consumer.with_config(config);
     let transport = RabbitTransport::connect(AMQP_URL, &queue, "rmq-bad-messages").await.expect("transport");
     let running = Running::start(consumer, transport);
     wait_until("1 applied and 2 dead-lettered", Duration::from_secs(10), || {
@@ -381,7 +381,7 @@ async fn on_a_quorum_queue_the_consumers_and_the_delivery_limits_dead_letters_me
         .with_backoff(Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(100), multiplier: 2 })
         .with_fetch_wait(Duration::from_millis(200))
         .with_max_deliveries(MAX_DELIVERIES);
-    let poisoned = Consumer::new(CONSUMER).expect("name").with_config(config).expect("config").on::<ParcelShipped>(
+    let poisoned = Consumer::new(CONSUMER).expect("name").with_config(config).on::<ParcelShipped>(
         move |received: Received<ParcelShipped>| {
             let db = db.clone();
             async move {

@@ -62,7 +62,7 @@ fn shipping(t: &TestDb, gate: Option<Arc<tokio::sync::Semaphore>>) -> Consumer {
             record_shipment(&db, &received.envelope).await
         }
     };
-    Consumer::new(CONSUMER).expect("name").with_config(consumer_config()).expect("config").on::<ParcelShipped>(handler)
+    Consumer::new(CONSUMER).expect("name").with_config(consumer_config()).on::<ParcelShipped>(handler)
 }
 
 fn shipped(parcel: &str, n: u64) -> NewEvent {
@@ -291,7 +291,7 @@ async fn bad_entries_are_dead_lettered_once_with_their_fields_while_later_entrie
         let db = db.clone();
         async move { record_shipment(&db, &received.envelope).await }
     };
-    let consumer_app = Consumer::new(CONSUMER).unwrap().with_config(config).unwrap().on::<ParcelShipped>(handler);
+    let consumer_app = Consumer::new(CONSUMER).unwrap().with_config(config).on::<ParcelShipped>(handler);
     let running = Running::start(consumer_app, consumer);
     wait_for_invoices(&t, 5).await;
     eventually(Duration::from_secs(30), "everything acked", async || pending(&stream, "shipping").await == 0).await;

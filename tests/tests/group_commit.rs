@@ -166,7 +166,6 @@ fn billing_recording_as(
     Consumer::new(CONSUMER)
         .expect("name")
         .with_config(config)
-        .expect("config")
         .with_group_commit(SeaOrmGroupCommit::new(t.db.clone()))
         .on::<OrderBilled>(handler)
 }
@@ -412,7 +411,6 @@ async fn a_batch_handler_in_groups_applies_each_message_once(t: TestDb) {
     let consumer = Consumer::new(CONSUMER)
         .expect("name")
         .with_config(ConsumerConfig::default().with_fetch_wait(Duration::from_millis(50)).with_group_size(32))
-        .expect("config")
         .with_group_commit(SeaOrmGroupCommit::new(t.db.clone()))
         .on_batch::<OrderBilled>(move |batch: Vec<Received<OrderBilled>>| {
             let (db, sizes) = (db.clone(), sizes.clone());

@@ -39,7 +39,7 @@ fn billing(lab: &Lab, broken: Arc<AtomicBool>) -> Result<Consumer> {
         .with_max_deliveries(3)
         .with_backoff(Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200), multiplier: 2 })
         .with_fetch_wait(Duration::from_millis(200));
-    Ok(Consumer::new("billing")?.with_config(config)?.on::<OrderPlaced>(move |placed: Received<OrderPlaced>| {
+    Ok(Consumer::new("billing")?.with_config(config).on::<OrderPlaced>(move |placed: Received<OrderPlaced>| {
         let (db, broken) = (db.clone(), broken.clone());
         async move {
             if broken.load(Ordering::SeqCst) && placed.event.order_id == BROKEN_ORDER {

@@ -47,7 +47,7 @@ use crate::event::DomainEvent;
 use crate::inbox::MAX_CONSUMER_LEN;
 use route::{Route, Typed, TypedBatch};
 
-/// Consumer settings. [`ConsumerConfig::validate`] runs in [`Consumer::with_config`].
+/// Consumer settings. [`ConsumerConfig::validate`] runs in [`Consumer::run`], before its first fetch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConsumerConfig {
     /// Deliveries of a failing message before it is dead-lettered (default 10; at least 1). Messages of a
@@ -314,11 +314,10 @@ impl Consumer {
         })
     }
 
-    /// Replaces the settings, after checking them.
-    pub fn with_config(mut self, config: ConsumerConfig) -> Result<Self> {
-        config.validate()?;
+    /// Replaces the settings ([`Consumer::run`] checks them before its first fetch).
+    pub fn with_config(mut self, config: ConsumerConfig) -> Self {
         self.config = config;
-        Ok(self)
+        self
     }
 
     /// Handles events of type `E` (every stored version `E` upcasts from) with `handler`. A second

@@ -86,11 +86,7 @@ pub fn shipping(
             Ok::<_, String>(outcome)
         }
     };
-    Consumer::new("kafka_shipping")
-        .expect("name")
-        .with_config(consumer_config())
-        .expect("config")
-        .on::<ParcelShipped>(handler)
+    Consumer::new("kafka_shipping").expect("name").with_config(consumer_config()).on::<ParcelShipped>(handler)
 }
 
 /// Waits until `check` holds, at most `limit`.

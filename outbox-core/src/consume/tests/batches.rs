@@ -37,7 +37,6 @@ fn batched(db: &StagedDb, group_size: usize, fails: fn(&Received<Tick>) -> bool)
     let consumer = Consumer::new("c")
         .unwrap()
         .with_config(fast().with_batch_size(64).with_group_size(group_size).with_max_deliveries(5))
-        .unwrap()
         .with_group_commit(db.clone())
         .on_batch::<Tick>(move |batch: Vec<Received<Tick>>| {
             sizes.lock().unwrap().push(batch.len());
@@ -106,7 +105,6 @@ async fn a_batch_handler_that_answers_for_fewer_messages_fails_them_all() {
     let consumer = Consumer::new("c")
         .unwrap()
         .with_config(fast().with_max_deliveries(2))
-        .unwrap()
         .with_group_commit(StagedDb::default())
         .on_batch::<Tick>(|batch: Vec<Received<Tick>>| async move {
             Ok::<_, std::io::Error>(vec![Handled::Processed; batch.len() - 1])
