@@ -261,6 +261,28 @@ impl Health {
 #[derive(Clone, Default)]
 struct SharedHealth(Arc<Mutex<Health>>);
 
+/// A running [`OutboxService`]'s health, read on demand ([`OutboxService::health_probe`]); cheap to clone.
+#[derive(Clone)]
+pub struct HealthProbe {
+    health: SharedHealth,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for HealthProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("HealthProbe").field(&self.health()).finish()
+    }
+}
+
+impl HealthProbe {
+    /// The service's health now, as [`OutboxService::health`] gives it.
+    pub fn health(&self) -> Health {
+        let mut health = self.health.lock().clone();
+        health.stopped = self.shutdown.is_cancelled();
+        health
+    }
+}
+
 impl SharedHealth {
     fn lock(&self) -> MutexGuard<'_, Health> {
         // Plain figures: a panic while holding the lock leaves nothing inconsistent worth stopping for.
@@ -413,9 +435,13 @@ impl OutboxService {
 
     /// The current health figures.
     pub fn health(&self) -> Health {
-        let mut health = self.health.lock().clone();
-        health.stopped = self.shutdown.is_cancelled();
-        health
+        self.health_probe().health()
+    }
+
+    /// A handle on this service's health that whoever reports it (a dashboard, a readiness endpoint) can
+    /// keep and clone, while the app keeps the service itself (to shut it down).
+    pub fn health_probe(&self) -> HealthProbe {
+        HealthProbe { health: self.health.clone(), shutdown: self.shutdown.clone() }
     }
 
     /// Stops claiming, lets the in-flight pass record or release its batch, and waits for every task.

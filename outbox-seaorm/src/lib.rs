@@ -132,7 +132,7 @@ pub use outbox_runtime::event_json_schema;
 pub use outbox_runtime::testkit;
 /// Publishing: the relay, its settings, and the service that runs it with cleanup and health.
 pub use outbox_runtime::{
-    Backoff, CancellationToken, ClaimMode, CleanupConfig, DeadLetterPolicy, Health, OutboxService,
+    Backoff, CancellationToken, ClaimMode, CleanupConfig, DeadLetterPolicy, Health, HealthProbe, OutboxService,
     OutboxServiceBuilder, Relay, RelayConfig, RelayPass, ServiceConfig, wake_relays,
 };
 /// Errors.

@@ -495,10 +495,13 @@ async fn relay_processes_show_alive_stopped_and_gone(t: TestDb) {
         .start()
         .unwrap_or_else(|e| panic!("{t}: {e}"));
 
-    let url = serve(&t, DashboardConfig::read_only().with_refresh(Duration::from_secs(1))).await;
+    // The service stays the test's (to shut it down); the dashboard keeps a probe of its health.
+    let config = DashboardConfig::read_only().with_refresh(Duration::from_secs(1));
+    let url = serve_dashboard(Dashboard::new(t.db.clone(), config).with_service(&service)).await;
     client.goto(&url).await.expect("open the overview");
     let this = format!("#processes tr[data-process^='{}:{}:'] strong.state", host(), std::process::id());
     wait_text(client, &this, "alive").await;
+    wait_text(client, "#relay-state", "healthy").await;
     wait_text(client, "#processes tr[data-process='killed-host:42:1'] strong.state", "gone").await;
     let row = text(client, "#processes tr[data-process='killed-host:42:1']").await;
     assert!(row.contains("killed-host pid 42") && row.contains("broker timeout"), "{t}: {row}");
@@ -508,6 +511,7 @@ async fn relay_processes_show_alive_stopped_and_gone(t: TestDb) {
     assert!(summary.starts_with("1 stopped or gone process"), "{t}: {summary}");
     service.shutdown().await;
     wait_text(client, &this, "stopped").await;
+    wait_text(client, "#relay-state", "stopped").await;
     client.clone().close().await.ok();
 }
 per_backend!(relay_processes_show_alive_stopped_and_gone, "dash_relays");

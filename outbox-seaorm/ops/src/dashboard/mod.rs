@@ -64,7 +64,7 @@ use maud::Markup;
 use sea_orm::DatabaseConnection;
 
 use outbox_seaorm::consume::DeadLetters;
-use outbox_seaorm::{Destination, Health};
+use outbox_seaorm::{Destination, Health, OutboxService};
 
 use crate::admin;
 use auth::{Admin, Gate};
@@ -170,6 +170,13 @@ impl Dashboard {
     /// The dashboard of the outbox in `db`.
     pub fn new(db: DatabaseConnection, config: DashboardConfig) -> Self {
         Dashboard { db, config, health: None, letter_sources: Vec::new() }
+    }
+
+    /// Shows the relays of `service`, running in this process, at each refresh; the app keeps the service
+    /// (to shut it down).
+    pub fn with_service(self, service: &OutboxService) -> Self {
+        let probe = service.health_probe();
+        self.with_health(move || Some(probe.health()))
     }
 
     /// Shows the relays of this process: `health` is asked at each refresh, e.g.
