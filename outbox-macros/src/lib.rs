@@ -117,6 +117,57 @@ pub fn derive_payload_schema(input: TokenStream) -> TokenStream {
 /// (which may run after the commit), or inside another macro's input, is a compile error on that `emit!`;
 /// only this crate's `emit!` (`emit!` or `outbox_seaorm::emit!`) is rewritten. When the method itself is
 /// wrong (not async, no connection, no `Result`), that is the only error: its `emit!`s are neutralised.
+///
+/// # What it does, written by hand
+///
+/// This method:
+///
+/// ```no_run
+/// # use outbox_seaorm::{DomainEvent, emit, transactional_outbox};
+/// # use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(DomainEvent, Clone, Debug, Serialize, Deserialize)]
+/// # #[domain_event(name = "order.placed", version = 1, aggregate = "order")]
+/// # struct OrderPlaced { #[aggregate_id] order_id: String }
+/// struct Orders {
+///     db: DatabaseConnection,
+/// }
+///
+/// #[transactional_outbox(conn = self.db)]
+/// impl Orders {
+///     async fn place(&self, order_id: String) -> Result<(), DbErr> {
+///         self.db.execute_unprepared("INSERT INTO orders (id) VALUES ('o1')").await?;
+///         emit!(OrderPlaced { order_id });
+///         Ok(())
+///     }
+/// }
+/// ```
+///
+/// does what this hand-written one does, with the public API (the generated code also hands the events of
+/// a nested call to the outermost one, which writes them all with one insert just before its commit):
+///
+/// ```no_run
+/// # use outbox_seaorm::DomainEvent;
+/// # use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(DomainEvent, Clone, Debug, Serialize, Deserialize)]
+/// # #[domain_event(name = "order.placed", version = 1, aggregate = "order")]
+/// # struct OrderPlaced { #[aggregate_id] order_id: String }
+/// # struct Orders { db: DatabaseConnection }
+/// impl Orders {
+///     async fn place(&self, order_id: String) -> Result<(), DbErr> {
+///         // The task's outbox transaction on this pool, joined with a savepoint, or a new one.
+///         let txn = outbox_seaorm::begin(&self.db).await?;
+///         // In the body, `self.db` names the transaction.
+///         txn.execute_unprepared("INSERT INTO orders (id) VALUES ('o1')").await?;
+///         // `emit!`: the event, checked, in the same transaction.
+///         let event = OrderPlaced { order_id }.to_new_event().map_err(|e| DbErr::Custom(e.to_string()))?;
+///         outbox_seaorm::enqueue(&txn, &event).await.map_err(|e| DbErr::Custom(e.to_string()))?;
+///         // `Ok`: commit. An early `Err` (or a panic, or cancellation) drops `txn`: rows and events roll back.
+///         txn.commit().await
+///     }
+/// }
+/// ```
 #[proc_macro_attribute]
 pub fn transactional_outbox(args: TokenStream, item: TokenStream) -> TokenStream {
     transactional::expand(args.into(), item.into()).into()
