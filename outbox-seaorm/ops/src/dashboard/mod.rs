@@ -180,7 +180,7 @@ impl Dashboard {
     }
 
     /// Shows the relays of this process: `health` is asked at each refresh, e.g.
-    /// `move || Some(service.health())` for an [`OutboxService`](outbox_seaorm::OutboxService).
+    /// `move || Some(service.health())` for an [`OutboxService`].
     pub fn with_health(mut self, health: impl Fn() -> Option<Health> + Send + Sync + 'static) -> Self {
         self.health = Some(Box::new(health));
         self
