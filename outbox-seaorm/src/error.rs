@@ -4,8 +4,8 @@ use sea_orm::{DbBackend, DbErr};
 
 pub use outbox_runtime::{Error, Result};
 
-/// A readable name for a backend, used in error messages.
-pub(crate) fn backend_name(backend: DbBackend) -> &'static str {
+/// A readable name for a backend, used in error messages: `PostgreSQL`, `MySQL`, `SQLite`.
+pub fn backend_name(backend: DbBackend) -> &'static str {
     match backend {
         DbBackend::Postgres => "PostgreSQL",
         DbBackend::MySql => "MySQL",
@@ -14,8 +14,9 @@ pub(crate) fn backend_name(backend: DbBackend) -> &'static str {
     }
 }
 
-/// Wraps a database error with what was being done, on which table, on which backend.
-pub(crate) fn store_error(operation: &'static str, table: &'static str, backend: DbBackend, source: DbErr) -> Error {
+/// Wraps a database error with what was being done, on which table, on which backend: the
+/// [`Error::Store`] this crate returns, for tools that query the outbox tables themselves (`outbox-ops`).
+pub fn store_error(operation: &'static str, table: &'static str, backend: DbBackend, source: DbErr) -> Error {
     Error::Store { operation, table, backend: backend_name(backend), source: Box::new(source) }
 }
 

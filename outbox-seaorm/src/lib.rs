@@ -112,7 +112,7 @@ pub mod __private;
 pub use connect::{DEFAULT_CONNECT_TIMEOUT, SUPPORTED_SCHEMES, connect, connect_with};
 pub use connection::OutboxConnection;
 pub use enqueue::{enqueue, enqueue_all};
-pub use error::InboxError;
+pub use error::{InboxError, backend_name, store_error};
 pub use inbox::{SeaOrmGroupCommit, handle_batch_once, handle_once};
 #[cfg(feature = "migrations")]
 pub use migration::{MIGRATE_LOCK_WAIT, Migrator, migrate, migrations};

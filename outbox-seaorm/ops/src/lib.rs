@@ -22,6 +22,6 @@ pub mod admin;
 #[cfg(feature = "dashboard")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dashboard")))]
 pub mod dashboard;
-mod error;
 
+/// Errors: the store's, whose `Store` variant says what was being done, on which table and backend.
 pub use outbox_seaorm::{Error, Result};

@@ -7,8 +7,8 @@ use chrono::Utc;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
 use serde::Serialize;
 
-use crate::error::{backend_name, store_error};
 use outbox_seaorm::Result;
+use outbox_seaorm::{backend_name, store_error};
 
 /// What [`check`] compares against.
 #[derive(Clone, Debug, PartialEq, Eq)]

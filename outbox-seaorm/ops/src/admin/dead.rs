@@ -17,9 +17,9 @@ use serde::Serialize;
 
 use outbox_seaorm::{DeadFilter, Error, EventId, Result};
 
-use crate::error::store_error;
 use outbox_seaorm::entity::outbox_aggregate;
 use outbox_seaorm::entity::outbox_event::{self, Column, Entity};
+use outbox_seaorm::store_error;
 
 /// The condition on `outbox_events` of `filter`: dead, unpublished, and every criterion. A consumer
 /// criterion is refused: dead outbox rows have none (it selects consumers' dead letters).

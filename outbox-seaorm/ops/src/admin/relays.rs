@@ -10,7 +10,7 @@ use serde::Serialize;
 use outbox_seaorm::Result;
 use outbox_seaorm::maintenance::{HEARTBEAT_COLUMNS as COLUMNS, HEARTBEAT_RETENTION, HEARTBEATS_TABLE as TABLE};
 
-use crate::error::store_error;
+use outbox_seaorm::store_error;
 
 /// Most processes [`relays`] returns.
 const LIST_LIMIT: u64 = 100;

@@ -5,10 +5,10 @@ use sea_orm::sea_query::{Alias, Cond, Expr, ExprTrait, Query};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use crate::admin::{self, DeadEvent, DeadFilter, RelayProcess, Stats};
-use crate::error::store_error;
 use outbox_seaorm::Result;
 use outbox_seaorm::entity::outbox_aggregate;
 use outbox_seaorm::entity::outbox_event::{self, Column, Entity};
+use outbox_seaorm::store_error;
 
 /// Most aggregates listed as "most behind".
 pub(super) const BEHIND_LIMIT: u64 = 20;
