@@ -37,6 +37,8 @@ pub trait Fixture: Send + Sync + Sized + 'static {
     const NAME: &'static str;
     /// `host:port` of the server, checked before each test (skipped when unreachable outside CI).
     const ADDRESS: &'static str;
+    /// Why this server's lag figures cannot be counted on, if so (the lag case then says it and skips).
+    const LAG_UNRELIABLE: Option<&'static str> = None;
 
     /// Fresh destinations (stream, topic, queue, exchange...) named after `tag` plus a per-run suffix.
     fn setup(tag: &str) -> impl Future<Output = Self> + Send;
