@@ -29,7 +29,7 @@
 //!   publish.
 //! - one stats sampler: [`MaintenanceStore::stats`] every [`ServiceConfig::stats_interval`], for
 //!   [`Health::stats`] (the oldest pending event's age is what to alert on), and then the service's
-//!   [`Heartbeat`] ([`MaintenanceStore::record_heartbeat`]), so other processes see it alive.
+//!   [`Heartbeat`](crate::store::Heartbeat) ([`MaintenanceStore::record_heartbeat`]), so other processes see it alive.
 //! - the tasks given to [`OutboxServiceBuilder::with_task`], e.g. a LISTEN/NOTIFY wake-up source, with the
 //!   service's shutdown token.
 //!
