@@ -25,6 +25,11 @@ impl Span {
         Span::ALL.into_iter().find(|span| Some(span.param()) == text).unwrap_or_default()
     }
 
+    /// Its place in [`Span::ALL`] (and in the dashboard's histories, kept in that order).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// Its `span=` value.
     pub fn param(self) -> &'static str {
         match self {
@@ -233,6 +238,7 @@ mod tests {
 
     #[test]
     fn a_span_is_read_from_its_parameter() {
+        assert!(Span::ALL.iter().enumerate().all(|(i, span)| span.index() == i));
         assert_eq!(Span::parse(Some("24h")), Span::Day);
         assert_eq!(Span::parse(Some("1h")), Span::Hour);
         assert_eq!(Span::parse(Some("<script>")), Span::Quarter);

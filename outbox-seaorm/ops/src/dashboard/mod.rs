@@ -314,7 +314,7 @@ impl Shared {
         let mut histories = self.histories.lock().await;
         let now_ms = Utc::now().timestamp_millis();
         for wanted in [Span::Quarter, span] {
-            let history = &mut histories[Span::ALL.iter().position(|s| *s == wanted).unwrap_or(0)];
+            let history = &mut histories[wanted.index()];
             if now_ms - history.read_at_ms < self.config.refresh.as_millis() as i64 {
                 continue;
             }
@@ -327,9 +327,8 @@ impl Shared {
                 }
             }
         }
-        let rate = chart::last_rate(&histories[0].bars(now_ms));
-        let position = Span::ALL.iter().position(|s| *s == span).unwrap_or(0);
-        Ok((histories[position].bars(now_ms), rate))
+        let rate = chart::last_rate(&histories[Span::Quarter.index()].bars(now_ms));
+        Ok((histories[span.index()].bars(now_ms), rate))
     }
 
     /// The kept reading of the backlog when it is younger than `max_age`; otherwise a new one. One read at
