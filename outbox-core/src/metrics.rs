@@ -150,8 +150,9 @@ pub fn describe() {
     }
 }
 
-/// What one relay pass did, as counters.
-pub(crate) fn relay_pass(pass: &crate::RelayPass) {
+/// What one relay pass did, as counters (public for relays outside this crate: the log relay of
+/// `outbox-seaorm` records its windows through it).
+pub fn relay_pass(pass: &crate::RelayPass) {
     #[cfg(feature = "metrics")]
     {
         use ::metrics::counter;
@@ -183,7 +184,7 @@ pub(crate) fn claim_duration(took: Duration) {
 }
 
 /// How long a publish call took.
-pub(crate) fn publish_duration(took: Duration) {
+pub fn publish_duration(took: Duration) {
     #[cfg(feature = "metrics")]
     ::metrics::histogram!(PUBLISH_DURATION).record(took.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
@@ -191,7 +192,7 @@ pub(crate) fn publish_duration(took: Duration) {
 }
 
 /// Commit → confirmation of one event, confirmed at `confirmed_at`.
-pub(crate) fn publish_latency(event: &crate::OutboxEvent, confirmed_at: chrono::DateTime<chrono::Utc>) {
+pub fn publish_latency(event: &crate::OutboxEvent, confirmed_at: chrono::DateTime<chrono::Utc>) {
     #[cfg(feature = "metrics")]
     {
         let latency = (confirmed_at - event.created_at).to_std().unwrap_or(Duration::ZERO);

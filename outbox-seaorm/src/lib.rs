@@ -95,6 +95,9 @@ pub mod entity;
 mod error;
 mod inbox;
 mod lock;
+#[cfg(feature = "log-relay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "log-relay")))]
+pub mod log;
 pub mod maintenance;
 #[cfg(feature = "migrations")]
 pub mod migration;

@@ -237,6 +237,11 @@ async fn sqlite(test: &str) -> TestDb {
 async fn postgres(test: &str) -> Result<TestDb, String> {
     let url = std::env::var("OUTBOX_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    postgres_at(&url, test).await
+}
+
+async fn postgres_at(url: &str, test: &str) -> Result<TestDb, String> {
+    let url = url.to_owned();
     let admin = connect(&url, DbBackend::Postgres, "public")
         .await
         .map_err(|e| format!("PostgreSQL at {url} is unreachable: {e}"))?;
@@ -266,6 +271,24 @@ async fn sweep_postgres(admin: &DatabaseConnection) {
             let _ = admin.execute_unprepared(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).await;
         }
     }
+}
+
+/// A fresh, migrated schema for `test` on the PostgreSQL cluster with `wal_level = logical` that the log
+/// relay's tests read (`OUTBOX_TEST_LOGICAL_URL`, default `postgres://postgres@127.0.0.1:5433/test`,
+/// started by `.ci/pg-logical.sh`); `None`, with the reason printed, when it does not answer outside CI.
+pub async fn logical(test: &str) -> Option<TestDb> {
+    let url = std::env::var("OUTBOX_TEST_LOGICAL_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5433/test".to_owned());
+    let t = match postgres_at(&url, test).await {
+        Ok(t) => t,
+        Err(reason) if in_ci() => panic!("CI=true but {reason} (start it with `bash .ci/pg-logical.sh start`)"),
+        Err(reason) => {
+            eprintln!("skipping: {reason} (start it with `bash .ci/pg-logical.sh start`)");
+            return None;
+        }
+    };
+    outbox_seaorm::migrate(&t.db).await.unwrap_or_else(|e| panic!("migrate {t}: {e}"));
+    Some(t)
 }
 
 async fn mysql(test: &str) -> Result<TestDb, String> {

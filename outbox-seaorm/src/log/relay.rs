@@ -1,0 +1,556 @@
+//! The log relay's loop: make sure the slot exists and everything before it was published (the
+//! catch-up), then read the log a window at a time, publish, record, confirm.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::task::JoinHandle;
+use outbox_runtime::CancellationToken;
+
+use outbox_runtime::{OutboxEvent, PublishError, Publisher, Relay};
+
+use crate::SeaOrmStore;
+
+use super::pgoutput::{self, Change, OutboxColumns, RowKey};
+use super::stream::{LogMessage, PgWireStream, ReplicationStream, StreamFailure};
+use super::table::{self, Aggregate, Backlog, Outcome};
+use super::{LogError, LogRelay, setup};
+
+/// What one window of the log did, for tracing and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LogPass {
+    /// Events the broker confirmed.
+    pub published: u64,
+    /// Rows now dead (refused by the broker, or not decodable).
+    pub dead: u64,
+    /// Rows left waiting behind a dead event of their aggregate.
+    pub waiting: u64,
+}
+
+/// An inserted outbox row as the log delivered it.
+enum Row {
+    Event(OutboxEvent),
+    Undecodable { key: RowKey, why: String },
+}
+
+impl Row {
+    fn aggregate(&self) -> Aggregate {
+        match self {
+            Row::Event(e) => (e.aggregate_type.clone(), e.aggregate_id.clone()),
+            Row::Undecodable { key, .. } => (key.aggregate_type.clone(), key.aggregate_id.clone()),
+        }
+    }
+
+    fn version(&self) -> i64 {
+        match self {
+            Row::Event(e) => e.aggregate_version,
+            Row::Undecodable { key, .. } => key.aggregate_version,
+        }
+    }
+
+    fn seq(&self) -> i64 {
+        match self {
+            Row::Event(e) => e.seq,
+            Row::Undecodable { key, .. } => key.seq,
+        }
+    }
+}
+
+/// A window's record being written, and the log position to confirm once it is (and every earlier one).
+struct Pending {
+    write: Option<JoinHandle<Result<(), LogError>>>,
+    confirm: Option<u64>,
+}
+
+/// Most windows whose record is still being written.
+const WRITES_IN_FLIGHT: usize = 4;
+
+/// What the relay knows across sessions: the aggregates held back by a dead event (with the event that
+/// holds them), and the last version the parked-aggregate sweep published of each aggregate it freed,
+/// so the log does not publish those again.
+#[derive(Default)]
+struct Held {
+    parked: HashMap<Aggregate, String>,
+    swept: HashMap<Aggregate, i64>,
+}
+
+impl<P: Publisher> LogRelay<P> {
+    /// Runs until `shutdown` is cancelled: returns `Err` only for a set-up problem (which waiting does not
+    /// fix); database, broker and connection failures are logged and retried with backoff.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), LogError> {
+        self.check().await?;
+        let mut held = Held::default();
+        let mut failures: i32 = 0;
+        let mut standing_by = false;
+        while !shutdown.is_cancelled() {
+            let outcome = self.session(&shutdown, &mut held, &mut standing_by).await;
+            let delay = match outcome {
+                Ok(Some(pause)) => pause,
+                Ok(None) => {
+                    failures = 0;
+                    continue;
+                }
+                Err(LogError::Setup(problem)) => return Err(problem.into()),
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    let delay = self.config.relay.backoff.delay(failures).min(Duration::from_secs(30));
+                    tracing::error!(%error, consecutive_failures = failures, retry_in = ?delay, "log relay failed");
+                    delay
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// One connection's life: the slot, the catch-up if one is owed, then the log until it ends or
+    /// `shutdown`. `Ok(Some(pause))` asks to wait before the next session (a standby).
+    async fn session(
+        &self,
+        shutdown: &CancellationToken,
+        held: &mut Held,
+        standing_by: &mut bool,
+    ) -> Result<Option<Duration>, LogError> {
+        let slot = self.config.slot();
+        table::ensure_state_table(&self.db).await?;
+        match setup::slot_state(&self.db, slot).await? {
+            Some(state) if !state.is_lost() => {}
+            state => {
+                if state.is_some() {
+                    tracing::warn!(slot, "the log relay's slot is lost (the server removed WAL it needed); recreating it and catching up from the table");
+                    setup::drop_slot(&self.db, slot).await?;
+                } else {
+                    tracing::info!(slot, "no replication slot yet: creating it, then publishing what the table holds");
+                }
+                // In this order: a relay killed between the two finds the catch-up still owed.
+                table::set_caught_up(&self.db, slot, false).await?;
+                setup::create_slot(&self.db, slot).await?;
+            }
+        }
+        if !table::caught_up(&self.db, slot).await? {
+            self.catch_up(shutdown).await?;
+            if shutdown.is_cancelled() {
+                return Ok(None);
+            }
+            table::set_caught_up(&self.db, slot, true).await?;
+        }
+        held.parked = table::parked_aggregates(&self.db).await?;
+        let mut stream = match PgWireStream::start(&self.url, &self.config).await {
+            Ok(stream) => stream,
+            Err(StreamFailure::SlotBusy(message)) => {
+                if !*standing_by {
+                    tracing::info!(slot, %message, "another relay reads the slot; standing by");
+                    *standing_by = true;
+                }
+                return Ok(Some(self.config.standby_retry));
+            }
+            Err(StreamFailure::SlotGone(message)) => {
+                tracing::warn!(slot, %message, "the slot went away as the stream started");
+                return Ok(Some(self.config.standby_retry));
+            }
+            Err(StreamFailure::Other(message)) => return Err(LogError::Replication(message)),
+        };
+        if std::mem::take(standing_by) {
+            tracing::info!(slot, "took the slot over");
+        }
+        tracing::info!(slot, parked = held.parked.len(), "reading the log");
+        let mut session = Session {
+            relay: self,
+            shutdown,
+            held,
+            relations: HashMap::new(),
+            window: Vec::new(),
+            in_transaction: false,
+            window_confirm: None,
+            writes: VecDeque::new(),
+            confirmed: 0,
+        };
+        let result = session.read(&mut stream).await;
+        let settled = session.settle(&stream, 0).await;
+        stream.close().await;
+        result.and(settled).map(|()| None)
+    }
+
+    /// Publishes every unpublished row of the table with the polling claim, until none is left that a
+    /// dead row does not hold back: what the log cannot give (rows committed before the slot existed).
+    async fn catch_up(&self, shutdown: &CancellationToken) -> Result<(), LogError> {
+        let relay = Relay::new(SeaOrmStore::new(self.db.clone()), &self.publisher, self.config.relay.clone())?;
+        let mut round: i32 = 0;
+        loop {
+            table::make_due(&self.db, Utc::now().timestamp_millis()).await?;
+            let mut published = 0;
+            loop {
+                if shutdown.is_cancelled() {
+                    return Ok(());
+                }
+                let pass = relay.run_once().await?;
+                published += pass.published;
+                if pass.claimed == 0 {
+                    break;
+                }
+            }
+            let left = table::publishable(&self.db).await?;
+            tracing::info!(published, left, "log relay catch-up from the table");
+            if left == 0 {
+                return Ok(());
+            }
+            round = round.saturating_add(1);
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = tokio::time::sleep(self.config.relay.backoff.delay(round)) => {}
+            }
+        }
+    }
+
+    /// One publish call, bounded by `publish_timeout`, with exactly one result per event.
+    async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), PublishError>> {
+        let timeout = self.config.relay.publish_timeout;
+        match tokio::time::timeout(timeout, self.publisher.publish(events)).await {
+            Ok(mut results) => {
+                results.resize(events.len(), Err(PublishError::transient("publisher returned no result for this event")));
+                results
+            }
+            Err(_) => vec![Err(PublishError::transient(format!("publish timed out after {timeout:?}"))); events.len()],
+        }
+    }
+}
+
+/// The state of one replication connection.
+struct Session<'a, P> {
+    relay: &'a LogRelay<P>,
+    shutdown: &'a CancellationToken,
+    held: &'a mut Held,
+    /// The columns of each relation the stream named; `None` for tables other than the outbox.
+    relations: HashMap<u32, Option<OutboxColumns>>,
+    /// Rows read and not yet published.
+    window: Vec<Row>,
+    in_transaction: bool,
+    /// The end of the last transaction that ended inside the window.
+    window_confirm: Option<u64>,
+    writes: VecDeque<Pending>,
+    confirmed: u64,
+}
+
+impl<P: Publisher> Session<'_, P> {
+    /// Reads the log until `shutdown` or the end of the stream.
+    async fn read<S: ReplicationStream>(&mut self, stream: &mut S) -> Result<(), LogError> {
+        let parked_check = self.relay.config.parked_check;
+        loop {
+            self.settle(stream, WRITES_IN_FLIGHT - 1).await?;
+            let message = if self.window.is_empty() {
+                let check_parked = !self.held.parked.is_empty();
+                tokio::select! {
+                    biased;
+                    () = self.shutdown.cancelled() => return Ok(()),
+                    message = stream.next() => message?,
+                    () = tokio::time::sleep(parked_check), if check_parked => {
+                        self.settle(stream, 0).await?;
+                        self.sweep_parked().await?;
+                        continue;
+                    }
+                }
+            } else {
+                match stream.try_next().await? {
+                    Some(message) => Some(message),
+                    None => {
+                        if !self.flush(stream).await? {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                }
+            };
+            let Some(message) = message else {
+                return Err(LogError::replication("the server ended the replication stream"));
+            };
+            match message {
+                LogMessage::Begin => self.in_transaction = true,
+                LogMessage::Change(bytes) => {
+                    if self.change(&bytes)? && self.window.len() >= self.relay.config.window && !self.flush(stream).await? {
+                        return Ok(());
+                    }
+                }
+                LogMessage::Commit { end_lsn } => {
+                    self.in_transaction = false;
+                    if !self.window.is_empty() {
+                        self.window_confirm = Some(end_lsn);
+                    } else if self.writes.is_empty() {
+                        self.confirm(stream, end_lsn);
+                    } else {
+                        self.writes.push_back(Pending { write: None, confirm: Some(end_lsn) });
+                    }
+                }
+                LogMessage::KeepAlive { wal_end } => {
+                    // Nothing read is unfinished: everything before `wal_end` is done (an idle outbox
+                    // beside a busy database frees the WAL the others write).
+                    if !self.in_transaction && self.window.is_empty() && self.writes.is_empty() {
+                        self.confirm(stream, wal_end);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes in one `pgoutput` message; `true` when it added a row to the window.
+    fn change(&mut self, bytes: &[u8]) -> Result<bool, LogError> {
+        match pgoutput::decode(bytes).map_err(LogError::replication)? {
+            Change::Relation(relation) => {
+                let columns = if relation.name == "outbox_events" {
+                    Some(OutboxColumns::of(&relation).map_err(LogError::Replication)?)
+                } else {
+                    None
+                };
+                self.relations.insert(relation.id, columns);
+                Ok(false)
+            }
+            Change::Insert { relation, values } => match self.relations.get(&relation) {
+                Some(Some(columns)) => {
+                    let row = match columns.event(&values) {
+                        Ok(event) => Row::Event(event),
+                        Err(why) => match columns.key(&values) {
+                            Some(key) => Row::Undecodable { key, why },
+                            None => return Err(LogError::Replication(format!("an outbox row without its key: {why}"))),
+                        },
+                    };
+                    self.window.push(row);
+                    Ok(true)
+                }
+                Some(None) => Ok(false),
+                None => Err(LogError::Replication(format!("an insert into relation {relation} before its description"))),
+            },
+            Change::Other => Ok(false),
+        }
+    }
+
+    /// Publishes the window and starts writing its record; `false` when `shutdown` stopped it before every
+    /// event was settled (what was confirmed is still recorded; nothing more is confirmed to the server).
+    async fn flush<S: ReplicationStream>(&mut self, stream: &S) -> Result<bool, LogError> {
+        let mut rows: VecDeque<Row> = std::mem::take(&mut self.window).into();
+        let confirm = self.window_confirm.take();
+        let mut outcome = Outcome::default();
+        let mut settled = true;
+        while !rows.is_empty() {
+            let segment = self.segment(&mut rows, &mut outcome);
+            if !segment.is_empty() && !self.publish_segment(segment, &mut outcome).await {
+                settled = false;
+                break;
+            }
+        }
+        let pass = LogPass {
+            published: outcome.published.len() as u64,
+            dead: outcome.dead.len() as u64,
+            waiting: outcome.waiting.len() as u64,
+        };
+        tracing::debug!(?pass, settled, "log window published");
+        outbox_runtime::metrics::relay_pass(&outbox_runtime::RelayPass {
+            claimed: pass.published + pass.dead + pass.waiting,
+            published: pass.published,
+            dead: pass.dead,
+            ..Default::default()
+        });
+        let confirm = confirm.filter(|_| settled);
+        if !outcome.is_empty() {
+            let db = self.relay.db.clone();
+            let shutdown = self.shutdown.clone();
+            let backoff = self.relay.config.relay.backoff.clone();
+            let write = tokio::spawn(async move { record_until_done(&db, &outcome, &backoff, &shutdown).await });
+            self.writes.push_back(Pending { write: Some(write), confirm });
+        } else if let Some(lsn) = confirm {
+            if self.writes.is_empty() {
+                self.confirm(stream, lsn);
+            } else {
+                self.writes.push_back(Pending { write: None, confirm: Some(lsn) });
+            }
+        }
+        Ok(settled)
+    }
+
+    /// Takes from the front of `rows` the longest run, in commit order, with at most one event per
+    /// aggregate: one publish call. Rows of a held-back aggregate wait, an undecodable row is dead (and
+    /// holds its aggregate back), rows the parked sweep already published are skipped.
+    fn segment(&mut self, rows: &mut VecDeque<Row>, outcome: &mut Outcome) -> Vec<OutboxEvent> {
+        let mut segment = Vec::new();
+        let mut in_segment: HashSet<Aggregate> = HashSet::new();
+        while let Some(row) = rows.front() {
+            let aggregate = row.aggregate();
+            if in_segment.contains(&aggregate) {
+                break;
+            }
+            let Some(row) = rows.pop_front() else { break };
+            if self.held.swept.get(&aggregate).is_some_and(|&swept| row.version() <= swept) {
+                continue;
+            }
+            if let Some(dead) = self.held.parked.get(&aggregate) {
+                outcome.waiting.push((row.seq(), dead.clone()));
+                continue;
+            }
+            match row {
+                Row::Undecodable { key, why } => {
+                    tracing::error!(seq = key.seq, aggregate_type = %key.aggregate_type, aggregate_id = %key.aggregate_id, %why, "an outbox row cannot be decoded; it is marked dead");
+                    self.held.parked.insert(aggregate, format!("seq {}", key.seq));
+                    outcome.dead.push((key.seq, why));
+                }
+                Row::Event(event) => {
+                    in_segment.insert(aggregate);
+                    segment.push(event);
+                }
+            }
+        }
+        segment
+    }
+
+    /// Publishes `segment` (events of distinct aggregates, in commit order) until each is confirmed or
+    /// dead. A refused event is dead and holds its aggregate back; a transient failure is retried after a
+    /// backoff, and counts towards `max_attempts` only when the broker took other events of the same call
+    /// (an outage kills nothing). `false` when `shutdown` came first.
+    async fn publish_segment(&mut self, segment: Vec<OutboxEvent>, outcome: &mut Outcome) -> bool {
+        let config = &self.relay.config.relay;
+        let mut pending = segment;
+        let mut outage: i32 = 0;
+        loop {
+            let results = self.relay.publish(&pending).await;
+            let confirmed_at = Utc::now();
+            let any_confirmed = results.iter().any(Result::is_ok);
+            let mut retry = Vec::new();
+            for (mut event, result) in pending.into_iter().zip(results) {
+                let dead = match result {
+                    Ok(()) => {
+                        outbox_runtime::metrics::publish_latency(&event, confirmed_at);
+                        outcome.published.push(event.seq);
+                        None
+                    }
+                    Err(error) if error.is_permanent() => Some(format!("the publish failed permanently: {}", error.message())),
+                    Err(error) => {
+                        if any_confirmed {
+                            event.attempts = event.attempts.saturating_add(1);
+                        }
+                        if event.attempts >= config.max_attempts {
+                            Some(format!("the publish failed {} times, reaching max_attempts: {}", event.attempts, error.message()))
+                        } else {
+                            tracing::debug!(event_id = %event.id, %error, "publish failed; retried after backoff");
+                            retry.push(event);
+                            continue;
+                        }
+                    }
+                };
+                if let Some(why) = dead {
+                    tracing::warn!(event_id = %event.id, %why, "outbox event is dead; its aggregate's later events wait for a replay or discard");
+                    outcome.dead.push((event.seq, why));
+                    self.held.parked.insert((event.aggregate_type.clone(), event.aggregate_id.clone()), event.id.to_string());
+                }
+            }
+            if retry.is_empty() {
+                return true;
+            }
+            pending = retry;
+            outage = if any_confirmed { 1 } else { outage.saturating_add(1) };
+            let delay = config.backoff.delay(outage).min(Duration::from_secs(30));
+            tokio::select! {
+                () = self.shutdown.cancelled() => return false,
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    /// Frees the aggregates whose dead event was replayed or discarded: publishes their waiting rows in
+    /// order (one at a time, recorded at once: this is the rare path), and forgets an aggregate once
+    /// nothing of it is unpublished.
+    async fn sweep_parked(&mut self) -> Result<(), LogError> {
+        let db = &self.relay.db;
+        let aggregates: Vec<Aggregate> = self.held.parked.keys().cloned().collect();
+        for aggregate in aggregates {
+            let rows = match table::backlog(db, &aggregate, 1000).await? {
+                Backlog::DeadHead => continue,
+                Backlog::Rows(rows) => rows,
+            };
+            if rows.is_empty() {
+                tracing::info!(aggregate_type = %aggregate.0, aggregate_id = %aggregate.1, "aggregate no longer waits behind a dead event");
+                self.held.parked.remove(&aggregate);
+                continue;
+            }
+            for row in rows {
+                let mut outcome = Outcome::default();
+                let event = match row {
+                    Ok(event) => event,
+                    Err((seq, why)) => {
+                        outcome.dead.push((seq, why));
+                        table::record(db, &outcome, Utc::now().timestamp_millis()).await?;
+                        break;
+                    }
+                };
+                let result = self.relay.publish(std::slice::from_ref(&event)).await.pop();
+                match result {
+                    Some(Ok(())) => outcome.published.push(event.seq),
+                    Some(Err(error)) if error.is_permanent() => {
+                        outcome.dead.push((event.seq, format!("the publish failed permanently: {}", error.message())));
+                    }
+                    _ => break,
+                }
+                table::record(db, &outcome, Utc::now().timestamp_millis()).await?;
+                if !outcome.dead.is_empty() {
+                    self.held.parked.insert(aggregate.clone(), event.id.to_string());
+                    break;
+                }
+                self.held.swept.insert(aggregate.clone(), event.aggregate_version);
+            }
+        }
+        Ok(())
+    }
+
+    /// Confirms the positions of the writes that finished, in order, waiting for the oldest ones until
+    /// at most `keep` are still being written.
+    async fn settle<S: ReplicationStream>(&mut self, stream: &S, keep: usize) -> Result<(), LogError> {
+        loop {
+            let pending = self.writes.len();
+            let Some(front) = self.writes.front_mut() else { return Ok(()) };
+            if let Some(write) = &mut front.write {
+                if pending <= keep && !write.is_finished() {
+                    return Ok(());
+                }
+                let written = write.await.map_err(|e| LogError::replication(format!("the record task failed: {e}")))?;
+                front.write = None;
+                written?;
+            }
+            let confirm = front.confirm;
+            self.writes.pop_front();
+            if let Some(lsn) = confirm {
+                self.confirm(stream, lsn);
+            }
+        }
+    }
+
+    fn confirm<S: ReplicationStream>(&mut self, stream: &S, lsn: u64) {
+        if lsn > self.confirmed {
+            self.confirmed = lsn;
+            stream.confirm(lsn);
+        }
+    }
+}
+
+/// Writes `outcome`, retrying while the database fails, until it is written or `shutdown`.
+async fn record_until_done(
+    db: &sea_orm::DatabaseConnection,
+    outcome: &Outcome,
+    backoff: &outbox_runtime::Backoff,
+    shutdown: &CancellationToken,
+) -> Result<(), LogError> {
+    let mut failures: i32 = 0;
+    loop {
+        match table::record(db, outcome, Utc::now().timestamp_millis()).await {
+            Ok(()) => return Ok(()),
+            Err(error) => {
+                failures = failures.saturating_add(1);
+                let delay = backoff.delay(failures).min(Duration::from_secs(30));
+                tracing::warn!(%error, retry_in = ?delay, "recording published events failed; retrying");
+                tokio::select! {
+                    () = shutdown.cancelled() => return Err(error),
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
