@@ -6,11 +6,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{after, bill, count_table, count_unpublished, create_shop_tables, enqueue_committed, event};
+use common::{
+    FileBroker, after, bill, broker_of, count_table, count_unpublished, create_shop_tables, enqueue_committed, event,
+};
 use outbox_integration_tests::{TestDb, per_backend};
 use outbox_seaorm::{ClaimMode, EventId, OutboxEvent, PublishError, Publisher, Relay, RelayConfig, SeaOrmStore};
 use sea_orm::{ConnectionTrait, TransactionTrait};
@@ -18,35 +20,6 @@ use sea_orm::{ConnectionTrait, TransactionTrait};
 const ROLE: &str = "OUTBOX_FAULT_ROLE";
 const URL: &str = "OUTBOX_FAULT_URL";
 const LEASE: Duration = Duration::from_secs(60);
-
-/// Appends each message to a file, synced before the publish reports success: a broker that outlives any
-/// process and no database lock can hold up (SQLite's transaction claim holds the only write lock).
-#[derive(Clone)]
-struct FileBroker {
-    path: std::path::PathBuf,
-}
-
-impl Publisher for FileBroker {
-    async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), PublishError>> {
-        let append = || -> std::io::Result<()> {
-            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
-            for e in events {
-                writeln!(file, "{} {}", e.id, e.aggregate_id)?;
-            }
-            file.sync_data()
-        };
-        match append() {
-            Ok(()) => vec![Ok(()); events.len()],
-            Err(error) => vec![Err(PublishError::transient(error.to_string())); events.len()],
-        }
-    }
-}
-
-/// The broker file of test database `t`.
-fn broker_of(t: &TestDb) -> FileBroker {
-    let name: String = t.url.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-    FileBroker { path: std::env::temp_dir().join(format!("outbox-fault-broker-{name}.log")) }
-}
 
 /// Publishes, says so on stdout, then hangs until killed: the crash between publish and mark.
 struct PublishThenHang(FileBroker);
@@ -127,13 +100,7 @@ fn create_broker(t: &TestDb) {
 
 /// Every message the broker file holds, in arrival order.
 fn deliveries(t: &TestDb) -> Vec<(EventId, String)> {
-    let text = std::fs::read_to_string(broker_of(t).path).unwrap_or_default();
-    text.lines()
-        .map(|line| {
-            let (id, order) = line.split_once(' ').expect("`id aggregate` lines");
-            (id.parse().expect("an event id"), order.to_owned())
-        })
-        .collect()
+    broker_of(t).deliveries()
 }
 
 async fn a_relay_killed_between_publish_and_mark(t: TestDb, mode: &str) {

@@ -148,11 +148,21 @@ impl LogRelayConfig {
 
     fn validate(&self) -> Result<(), LogError> {
         if !(1..=100_000).contains(&self.window) {
-            return Err(crate::Error::invalid_config("window", format!("is {}; expected 1 to 100000", self.window)).into());
+            return Err(
+                crate::Error::invalid_config("window", format!("is {}; expected 1 to 100000", self.window)).into()
+            );
         }
-        for (field, value) in [("standby_retry", self.standby_retry), ("status_interval", self.status_interval), ("parked_check", self.parked_check)] {
+        for (field, value) in [
+            ("standby_retry", self.standby_retry),
+            ("status_interval", self.status_interval),
+            ("parked_check", self.parked_check),
+        ] {
             if value.is_zero() || value > Duration::from_secs(3600) {
-                return Err(crate::Error::invalid_config(field, format!("is {value:?}; expected more than 0, at most 1 h")).into());
+                return Err(crate::Error::invalid_config(
+                    field,
+                    format!("is {value:?}; expected more than 0, at most 1 h"),
+                )
+                .into());
             }
         }
         self.relay.validate()?;
@@ -169,7 +179,10 @@ fn identifier(field: &'static str, name: String) -> Result<String, LogError> {
     } else {
         Err(crate::Error::invalid_config(
             field,
-            format!("is {:?}; expected lower-case letters, digits and `_`, 1 to 63 bytes", outbox_runtime::text::one_line(&name)),
+            format!(
+                "is {:?}; expected lower-case letters, digits and `_`, 1 to 63 bytes",
+                outbox_runtime::text::one_line(&name)
+            ),
         )
         .into())
     }

@@ -73,7 +73,12 @@ pub(crate) fn decode(message: &[u8]) -> Result<Change, Malformed> {
                         )
                     }
                     b'u' => return Err(Malformed("an insert with an unchanged TOAST value".into())),
-                    other => return Err(Malformed(format!("column kind {:?} (binary format is not asked for)", other as char))),
+                    other => {
+                        return Err(Malformed(format!(
+                            "column kind {:?} (binary format is not asked for)",
+                            other as char
+                        )));
+                    }
                 });
             }
             Ok(Change::Insert { relation, values })
@@ -138,7 +143,10 @@ impl OutboxColumns {
         let index: HashMap<&str, usize> = relation.columns.iter().enumerate().map(|(i, c)| (c.as_str(), i)).collect();
         let at = |name: &str| {
             index.get(name).copied().ok_or_else(|| {
-                format!("{}.{} has no column `{name}`: is it the outbox table, migrated?", relation.schema, relation.name)
+                format!(
+                    "{}.{} has no column `{name}`: is it the outbox table, migrated?",
+                    relation.schema, relation.name
+                )
             })
         };
         Ok(OutboxColumns {
@@ -191,7 +199,8 @@ impl OutboxColumns {
             payload: get(self.payload, "payload")?,
             headers: serde_json::from_str::<Headers>(&headers)
                 .map_err(|e| format!("the headers of event {} are not a JSON map of strings: {e}", short(&id)))?,
-            created_at: DateTime::from_timestamp_millis(number(self.created_at_ms, "created_at_ms")?).unwrap_or_default(),
+            created_at: DateTime::from_timestamp_millis(number(self.created_at_ms, "created_at_ms")?)
+                .unwrap_or_default(),
             attempts: 0,
             last_error: None,
         })

@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use chrono::Utc;
-use tokio::task::JoinHandle;
 use outbox_runtime::CancellationToken;
+use tokio::task::JoinHandle;
 
 use outbox_runtime::{OutboxEvent, PublishError, Publisher, Relay};
 
@@ -121,7 +121,10 @@ impl<P: Publisher> LogRelay<P> {
             Some(state) if !state.is_lost() => {}
             state => {
                 if state.is_some() {
-                    tracing::warn!(slot, "the log relay's slot is lost (the server removed WAL it needed); recreating it and catching up from the table");
+                    tracing::warn!(
+                        slot,
+                        "the log relay's slot is lost (the server removed WAL it needed); recreating it and catching up from the table"
+                    );
                     setup::drop_slot(&self.db, slot).await?;
                 } else {
                     tracing::info!(slot, "no replication slot yet: creating it, then publishing what the table holds");
@@ -211,7 +214,8 @@ impl<P: Publisher> LogRelay<P> {
         let timeout = self.config.relay.publish_timeout;
         match tokio::time::timeout(timeout, self.publisher.publish(events)).await {
             Ok(mut results) => {
-                results.resize(events.len(), Err(PublishError::transient("publisher returned no result for this event")));
+                results
+                    .resize(events.len(), Err(PublishError::transient("publisher returned no result for this event")));
                 results
             }
             Err(_) => vec![Err(PublishError::transient(format!("publish timed out after {timeout:?}"))); events.len()],
@@ -270,7 +274,10 @@ impl<P: Publisher> Session<'_, P> {
             match message {
                 LogMessage::Begin => self.in_transaction = true,
                 LogMessage::Change(bytes) => {
-                    if self.change(&bytes)? && self.window.len() >= self.relay.config.window && !self.flush(stream).await? {
+                    if self.change(&bytes)?
+                        && self.window.len() >= self.relay.config.window
+                        && !self.flush(stream).await?
+                    {
                         return Ok(());
                     }
                 }
@@ -320,7 +327,9 @@ impl<P: Publisher> Session<'_, P> {
                     Ok(true)
                 }
                 Some(None) => Ok(false),
-                None => Err(LogError::Replication(format!("an insert into relation {relation} before its description"))),
+                None => {
+                    Err(LogError::Replication(format!("an insert into relation {relation} before its description")))
+                }
             },
             Change::Other => Ok(false),
         }
@@ -423,13 +432,19 @@ impl<P: Publisher> Session<'_, P> {
                         outcome.published.push(event.seq);
                         None
                     }
-                    Err(error) if error.is_permanent() => Some(format!("the publish failed permanently: {}", error.message())),
+                    Err(error) if error.is_permanent() => {
+                        Some(format!("the publish failed permanently: {}", error.message()))
+                    }
                     Err(error) => {
                         if any_confirmed {
                             event.attempts = event.attempts.saturating_add(1);
                         }
                         if event.attempts >= config.max_attempts {
-                            Some(format!("the publish failed {} times, reaching max_attempts: {}", event.attempts, error.message()))
+                            Some(format!(
+                                "the publish failed {} times, reaching max_attempts: {}",
+                                event.attempts,
+                                error.message()
+                            ))
                         } else {
                             tracing::debug!(event_id = %event.id, %error, "publish failed; retried after backoff");
                             retry.push(event);
@@ -440,7 +455,9 @@ impl<P: Publisher> Session<'_, P> {
                 if let Some(why) = dead {
                     tracing::warn!(event_id = %event.id, %why, "outbox event is dead; its aggregate's later events wait for a replay or discard");
                     outcome.dead.push((event.seq, why));
-                    self.held.parked.insert((event.aggregate_type.clone(), event.aggregate_id.clone()), event.id.to_string());
+                    self.held
+                        .parked
+                        .insert((event.aggregate_type.clone(), event.aggregate_id.clone()), event.id.to_string());
                 }
             }
             if retry.is_empty() {

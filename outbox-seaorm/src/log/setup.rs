@@ -139,7 +139,9 @@ pub async fn check(db: &DatabaseConnection, config: &LogRelayConfig) -> Result<(
     }
     let name = config.publication();
     let Some((inserts, via_root)) = publication(db, name).await? else {
-        return Err(SetupProblem::PublicationMissing { name: name.to_owned(), sql: create_publication_sql(name) }.into());
+        return Err(
+            SetupProblem::PublicationMissing { name: name.to_owned(), sql: create_publication_sql(name) }.into()
+        );
     };
     let schema = text(db, "SELECT current_schema()::text", vec![]).await?.unwrap_or_else(|| "public".into());
     let table = format!("{schema}.outbox_events");
@@ -150,12 +152,9 @@ pub async fn check(db: &DatabaseConnection, config: &LogRelayConfig) -> Result<(
         vec![name.into()],
     )
     .await?;
-    let partitioned = text(
-        db,
-        "SELECT (c.relkind = 'p')::text FROM pg_class c WHERE c.oid = to_regclass('outbox_events')",
-        vec![],
-    )
-    .await?;
+    let partitioned =
+        text(db, "SELECT (c.relkind = 'p')::text FROM pg_class c WHERE c.oid = to_regclass('outbox_events')", vec![])
+            .await?;
     if partitioned.as_deref() == Some("true") && !via_root {
         return Err(SetupProblem::PartitionsNotViaRoot { name: name.to_owned(), table }.into());
     }
@@ -249,11 +248,8 @@ pub async fn drop_slot(db: &DatabaseConnection, slot: &str) -> Result<bool, LogE
     if slot_state(db, slot).await?.is_none() {
         return Ok(false);
     }
-    let sql = Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "SELECT pg_drop_replication_slot($1)",
-        [Value::from(slot)],
-    );
+    let sql =
+        Statement::from_sql_and_values(DbBackend::Postgres, "SELECT pg_drop_replication_slot($1)", [Value::from(slot)]);
     db.execute_raw(sql).await.map_err(db_error("drop the log relay's slot"))?;
     Ok(true)
 }

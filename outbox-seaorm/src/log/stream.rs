@@ -4,7 +4,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig};
+use pgwire_replication::{
+    Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
+};
 
 use super::{LogError, LogRelayConfig};
 
@@ -156,7 +158,11 @@ fn replication_config(url: &str, config: &LogRelayConfig) -> Result<ReplicationC
             "require" => TlsConfig::require(),
             "verify-ca" => TlsConfig::verify_ca(None),
             "verify-full" => TlsConfig::verify_full(None),
-            other => return Err(invalid(format!("has sslmode {other:?}; expected disable, prefer, require, verify-ca or verify-full"))),
+            other => {
+                return Err(invalid(format!(
+                    "has sslmode {other:?}; expected disable, prefer, require, verify-ca or verify-full"
+                )));
+            }
         },
     };
     Ok(ReplicationConfig::new(host, user, password, database, config.slot(), config.publication())
@@ -173,10 +179,13 @@ mod tests {
     #[test]
     fn the_replication_connection_takes_the_database_urls_parts() {
         let config = LogRelayConfig::default();
-        let parsed =
-            replication_config("postgres://app%40x:p%2Fw@db.example:6543/orders?sslmode=require", &config).expect("parses");
+        let parsed = replication_config("postgres://app%40x:p%2Fw@db.example:6543/orders?sslmode=require", &config)
+            .expect("parses");
         assert_eq!((parsed.host.as_str(), parsed.port), ("db.example", 6543));
-        assert_eq!((parsed.user.as_str(), parsed.password.as_str(), parsed.database.as_str()), ("app@x", "p/w", "orders"));
+        assert_eq!(
+            (parsed.user.as_str(), parsed.password.as_str(), parsed.database.as_str()),
+            ("app@x", "p/w", "orders")
+        );
         assert!(parsed.tls.mode.requires_tls());
         let plain = replication_config("postgres://postgres@127.0.0.1/test", &config).expect("parses");
         assert_eq!((plain.port, plain.password.as_str()), (5432, ""));

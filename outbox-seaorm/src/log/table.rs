@@ -204,14 +204,15 @@ pub(super) async fn ensure_state_table(db: &DatabaseConnection) -> Result<(), Lo
 /// Whether every row committed before `slot` was created has been published (the catch-up is done).
 pub(super) async fn caught_up(db: &DatabaseConnection, slot: &str) -> Result<bool, LogError> {
     let row = db
-        .query_one_raw(statement(
-            "SELECT caught_up FROM outbox_log_slots WHERE slot_name = $1",
-            vec![slot.into()],
-        ))
+        .query_one_raw(statement("SELECT caught_up FROM outbox_log_slots WHERE slot_name = $1", vec![slot.into()]))
         .await
         .map_err(db_error("read outbox_log_slots"))?;
     // No record: a slot someone else created; catching up again costs duplicates at most.
-    Ok(row.map(|row| row.try_get_by_index::<bool>(0)).transpose().map_err(db_error("read outbox_log_slots"))?.unwrap_or(false))
+    Ok(row
+        .map(|row| row.try_get_by_index::<bool>(0))
+        .transpose()
+        .map_err(db_error("read outbox_log_slots"))?
+        .unwrap_or(false))
 }
 
 /// Records whether `slot`'s catch-up is done.

@@ -179,3 +179,50 @@ pub async fn replay_all<P: outbox_seaorm::Publisher>(
 ) -> outbox_seaorm::Result<u64> {
     outbox_ops::admin::replay_dead(relay.store().connection(), &outbox_ops::admin::DeadFilter::all()).await
 }
+
+/// Appends each message to a file, synced before the publish reports success: a broker that outlives any
+/// process and no database lock can hold up (SQLite's transaction claim holds the only write lock).
+#[derive(Clone)]
+pub struct FileBroker {
+    /// The file.
+    pub path: std::path::PathBuf,
+}
+
+impl outbox_seaorm::Publisher for FileBroker {
+    async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), outbox_seaorm::PublishError>> {
+        use std::io::Write as _;
+        let append = || -> std::io::Result<()> {
+            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
+            let mut lines = String::new();
+            for e in events {
+                lines.push_str(&format!("{} {}\n", e.id, e.aggregate_id));
+            }
+            file.write_all(lines.as_bytes())?;
+            file.sync_data()
+        };
+        match append() {
+            Ok(()) => vec![Ok(()); events.len()],
+            Err(error) => vec![Err(outbox_seaorm::PublishError::transient(error.to_string())); events.len()],
+        }
+    }
+}
+
+impl FileBroker {
+    /// Every message the file holds, in arrival order: `(event id, aggregate id)`.
+    pub fn deliveries(&self) -> Vec<(EventId, String)> {
+        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| {
+                // A process killed mid-write leaves at most a partial last line, which was never confirmed.
+                let (id, aggregate) = line.split_once(' ')?;
+                Some((id.parse().ok()?, aggregate.to_owned()))
+            })
+            .collect()
+    }
+}
+
+/// The broker file of test database `t`.
+pub fn broker_of(t: &TestDb) -> FileBroker {
+    let name: String = t.url.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    FileBroker { path: std::env::temp_dir().join(format!("outbox-fault-broker-{name}.log")) }
+}
