@@ -31,7 +31,6 @@ max_replication_slots = 20
 max_wal_senders = 20
 max_connections = 200
 fsync = off
-synchronous_commit = off
 full_page_writes = off
 EOF
   fi

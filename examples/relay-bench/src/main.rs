@@ -123,6 +123,13 @@ async fn main() {
 
 async fn run() -> Result<()> {
     let args = Args::parse();
+    if let Ok(filter) = std::env::var("OUTBOX_BENCH_LOG") {
+        // The library's own logs, for finding where a figure's time goes (`OUTBOX_BENCH_LOG=outbox_seaorm=debug`).
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     if let Some(Command::DrainOnly { what, events, max_seconds }) = &args.command {
         let target = targets(None)?.remove(0);
         return scenarios::rss::drain_only(target, what, *events, Duration::from_secs(*max_seconds)).await;

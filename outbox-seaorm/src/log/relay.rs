@@ -366,7 +366,9 @@ impl<P: Publisher> Session<'_, P> {
             let db = self.relay.db.clone();
             let shutdown = self.shutdown.clone();
             let backoff = self.relay.config.relay.backoff.clone();
-            let write = tokio::spawn(async move { record_until_done(&db, &outcome, &backoff, &shutdown).await });
+            let delete = self.relay.config.delete_published;
+            let write =
+                tokio::spawn(async move { record_until_done(&db, &outcome, delete, &backoff, &shutdown).await });
             self.writes.push_back(Pending { write: Some(write), confirm });
         } else if let Some(lsn) = confirm {
             if self.writes.is_empty() {
@@ -495,7 +497,8 @@ impl<P: Publisher> Session<'_, P> {
                     Ok(event) => event,
                     Err((seq, why)) => {
                         outcome.dead.push((seq, why));
-                        table::record(db, &outcome, Utc::now().timestamp_millis()).await?;
+                        table::record(db, &outcome, Utc::now().timestamp_millis(), self.relay.config.delete_published)
+                            .await?;
                         break;
                     }
                 };
@@ -507,7 +510,7 @@ impl<P: Publisher> Session<'_, P> {
                     }
                     _ => break,
                 }
-                table::record(db, &outcome, Utc::now().timestamp_millis()).await?;
+                table::record(db, &outcome, Utc::now().timestamp_millis(), self.relay.config.delete_published).await?;
                 if !outcome.dead.is_empty() {
                     self.held.parked.insert(aggregate.clone(), event.id.to_string());
                     break;
@@ -552,12 +555,13 @@ impl<P: Publisher> Session<'_, P> {
 async fn record_until_done(
     db: &sea_orm::DatabaseConnection,
     outcome: &Outcome,
+    delete: bool,
     backoff: &outbox_runtime::Backoff,
     shutdown: &CancellationToken,
 ) -> Result<(), LogError> {
     let mut failures: i32 = 0;
     loop {
-        match table::record(db, outcome, Utc::now().timestamp_millis()).await {
+        match table::record(db, outcome, Utc::now().timestamp_millis(), delete).await {
             Ok(()) => return Ok(()),
             Err(error) => {
                 failures = failures.saturating_add(1);

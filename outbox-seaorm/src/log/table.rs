@@ -37,12 +37,24 @@ impl Outcome {
     }
 }
 
-/// Records `outcome` in one transaction: one `UPDATE` for the published rows, one per dead or waiting row
-/// (rare). A row already published keeps its first time.
-pub(super) async fn record(db: &DatabaseConnection, outcome: &Outcome, now_ms: i64) -> Result<(), LogError> {
+/// Records `outcome` in one transaction: one statement for the published rows (an `UPDATE`, or with
+/// `delete` a `DELETE`), one per dead or waiting row (rare). A row already published keeps its first time.
+pub(super) async fn record(
+    db: &DatabaseConnection,
+    outcome: &Outcome,
+    now_ms: i64,
+    delete: bool,
+) -> Result<(), LogError> {
     let error = db_error("record what the log relay published");
     let txn = db.begin().await.map_err(&error)?;
-    if !outcome.published.is_empty() {
+    if delete && !outcome.published.is_empty() {
+        txn.execute_raw(statement(
+            "DELETE FROM outbox_events WHERE seq = ANY($1::bigint[]) AND published_at_ms IS NULL",
+            vec![array(&outcome.published).into()],
+        ))
+        .await
+        .map_err(&error)?;
+    } else if !outcome.published.is_empty() {
         txn.execute_raw(statement(
             "UPDATE outbox_events SET published_at_ms = $1, lease_token = NULL, lease_until_ms = NULL \
              WHERE seq = ANY($2::bigint[]) AND published_at_ms IS NULL",

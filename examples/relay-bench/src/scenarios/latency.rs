@@ -79,7 +79,7 @@ pub async fn write_steady_child(target: Target, rate: u32, seconds: u64) -> Resu
 }
 
 /// Runs the writer as a child process; returns what it wrote.
-async fn write_in_child(ctx: &Ctx, rate: u32, duration: Duration) -> Result<u64> {
+pub(super) async fn write_in_child(ctx: &Ctx, rate: u32, duration: Duration) -> Result<u64> {
     let exe = std::env::current_exe().context("locate the bench binary")?;
     let output = tokio::process::Command::new(exe)
         .env(URL_VAR, &ctx.target.url)
@@ -102,7 +102,7 @@ async fn write_in_child(ctx: &Ctx, rate: u32, duration: Duration) -> Result<u64>
 
 /// Confirms at once and records `now - created_at` (ms) of every event.
 #[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<f64>>>);
+pub(super) struct Recorder(pub(super) Arc<Mutex<Vec<f64>>>);
 
 impl Publisher for Recorder {
     async fn publish(&self, events: &[OutboxEvent]) -> Vec<Result<(), PublishError>> {

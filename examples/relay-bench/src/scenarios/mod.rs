@@ -6,6 +6,7 @@ pub mod consume;
 pub mod dashboard;
 pub mod enqueue_tax;
 pub mod latency;
+pub mod log;
 pub mod nats;
 pub mod partitions;
 pub mod rss;
@@ -26,7 +27,7 @@ use crate::report::Run;
 use crate::target::Target;
 
 /// Every scenario name, in run order.
-pub const ALL: [&str; 20] = [
+pub const ALL: [&str; 21] = [
     "aggregates",
     "backlog",
     "batch",
@@ -47,6 +48,7 @@ pub const ALL: [&str; 20] = [
     "telemetry",
     "dashboard",
     "partitions",
+    "log",
 ];
 
 /// What every scenario needs to know about this invocation.
@@ -126,6 +128,7 @@ pub async fn run(ctx: &Ctx, name: &str) -> Result<()> {
         "telemetry" => telemetry::run(ctx).await,
         "dashboard" => dashboard::run(ctx).await,
         "partitions" => partitions::run(ctx).await,
+        "log" => log::run(ctx).await,
         other => anyhow::bail!("unknown scenario {other:?}; expected one of {}", ALL.join(", ")),
     }
     .with_context(|| format!("scenario {name} on {}", ctx.target.label()))?;
