@@ -27,8 +27,8 @@ start() {
 # outbox: the log relay's tests
 listen_addresses = '127.0.0.1'
 wal_level = logical
-max_replication_slots = 20
-max_wal_senders = 20
+max_replication_slots = 64
+max_wal_senders = 64
 max_connections = 200
 fsync = off
 full_page_writes = off

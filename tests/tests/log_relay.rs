@@ -667,3 +667,44 @@ async fn rows_of_plain_sql_writers_and_of_a_partitioned_outbox_are_published() {
         other => panic!("{t}: expected PartitionsNotViaRoot, got {other:?}"),
     }
 }
+
+/// The child's peak resident memory (`VmHWM`), in KiB.
+fn peak_rss_kib(child: &Child) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).expect("the child's status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_transaction_of_100k_events_is_published_whole_in_bounded_memory() {
+    let Some(t) = logical("log_big").await else { return };
+    let config = config_for("big");
+    log::create_publication(&t.db, &config).await.expect("publication");
+    let broker = broker_of(&t);
+    let _ = std::fs::remove_file(&broker.path);
+    let mut relay = spawn_relay(&t, &config);
+    reader_of(&t, &config, None).await;
+    let txn = sea_orm::TransactionTrait::begin(&t.db).await.expect("begin");
+    let mut committed = Vec::new();
+    for chunk in 0..20u64 {
+        let events: Vec<_> =
+            (0..5000u64).map(|k| event(&format!("big-{}", k % 1000), "order.placed", chunk * 5000 + k)).collect();
+        committed.extend(outbox_seaorm::enqueue_all(&txn, &events).await.expect("enqueue"));
+    }
+    txn.commit().await.expect("commit one transaction of 100,000 events");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    while broker.deliveries().len() < committed.len() {
+        assert!(tokio::time::Instant::now() < deadline, "{t}: {} of 100000 delivered", broker.deliveries().len());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let peak = peak_rss_kib(&relay);
+    kill(&mut relay);
+    let delivered: Vec<EventId> = broker.deliveries().into_iter().map(|(id, _)| id).collect();
+    assert_eq!(delivered, committed, "{t}: the transaction's events, each once, in order");
+    println!("{t}: 100,000 events of one transaction published; relay peak RSS {} MiB", peak / 1024);
+    assert!(peak < 64 * 1024, "{t}: the relay's peak RSS was {} MiB", peak / 1024);
+    drop_slot(&t, &config).await;
+}

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use pgwire_replication::{
-    Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
+    FeedbackObserver, Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
 };
 
 use super::{LogError, LogRelayConfig};
@@ -68,16 +68,22 @@ pub(crate) fn classify(error: &PgWireError) -> StreamFailure {
 /// The stream over `pgwire-replication`.
 pub(crate) struct PgWireStream {
     client: ReplicationClient,
+    status_interval: Duration,
 }
 
 impl PgWireStream {
     /// Connects to `url` and starts streaming `config`'s slot from its confirmed position.
     pub(crate) async fn start(url: &str, config: &LogRelayConfig) -> Result<Self, StreamFailure> {
-        let replication = replication_config(url, config).map_err(|e| StreamFailure::Other(e.to_string()))?;
+        let replication = replication_config(url, config)
+            .map_err(|e| StreamFailure::Other(e.to_string()))?
+            // An observer makes the client track positions not yet reported, which `close` waits for.
+            .with_feedback_observer(FeedbackObserver::new(|sent| {
+                tracing::trace!(pending_for = ?sent.pending_for, "confirmed position reported to the server");
+            }));
         let mut client = ReplicationClient::connect(replication).await.map_err(|e| classify(&e))?;
         // The server refuses a busy or missing slot only after the connection is up.
         client.wait_started().await.map_err(|e| classify(&e))?;
-        Ok(PgWireStream { client })
+        Ok(PgWireStream { client, status_interval: config.status_interval })
     }
 }
 
@@ -118,6 +124,16 @@ impl ReplicationStream for PgWireStream {
     }
 
     async fn close(mut self) {
+        // The client reports a confirmed position at its next status interval; ending the stream before
+        // then would make the next relay publish again what this one confirmed.
+        let deadline = tokio::time::Instant::now() + self.status_interval + Duration::from_secs(1);
+        while self.client.feedback_pending_since().is_some() && self.client.is_running() {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::debug!("the last confirmed position was not reported before the stream closed");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         if let Err(error) = self.client.shutdown().await {
             tracing::debug!(%error, "closing the replication stream");
         }

@@ -6,6 +6,11 @@
 //!
 //! A broker's test file implements [`Fixture`] and expands [`contract_suite!`](crate::contract_suite),
 //! which generates one `#[tokio::test]` per case.
+//!
+//! With `OUTBOX_CONTRACT_RELAY=log` the cases publish through the log relay (`outbox_seaorm::log`) on the
+//! `wal_level = logical` cluster instead of the polling relay (CI runs the suite both ways); the two
+//! cases that count one polling pass's outcome (`publisher_refuses_bad_input_as_dead_rows`,
+//! `publisher_outage_loses_nothing`) keep the polling relay there.
 
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
@@ -153,7 +158,14 @@ pub fn counted_events(items: usize, per_item: u64) -> Vec<NewEvent> {
 /// The database of one case: PostgreSQL when it answers (always under CI), SQLite otherwise, with the
 /// effects table.
 pub async fn case_db(test: &str) -> TestDb {
-    let t = crate::primary_backend(test).await;
+    let t = if log_relay_mode() {
+        let t =
+            crate::logical(test).await.unwrap_or_else(|| panic!("OUTBOX_CONTRACT_RELAY=log needs the logical cluster"));
+        prepare_log_slot(&t).await;
+        t
+    } else {
+        crate::primary_backend(test).await
+    };
     let sql =
         "CREATE TABLE contract_effects (consumer VARCHAR(64) NOT NULL, item VARCHAR(64) NOT NULL, n BIGINT NOT NULL)";
     t.db.execute_unprepared(sql).await.unwrap_or_else(|e| panic!("{t}: {sql}: {e}"));
@@ -380,8 +392,87 @@ pub fn relay<P: Publisher + 'static>(t: &TestDb, publisher: P) -> outbox_seaorm:
         .unwrap_or_else(|e| panic!("{t}: relay: {e}"))
 }
 
-/// Runs relay passes through `publisher` until `expected` rows of `t` are published.
+/// Whether the cases publish through the log relay (`OUTBOX_CONTRACT_RELAY=log`).
+pub fn log_relay_mode() -> bool {
+    std::env::var("OUTBOX_CONTRACT_RELAY").as_deref() == Ok("log")
+}
+
+/// The log relay's settings for case database `t`: a slot and publication of its own.
+fn log_config(t: &TestDb) -> outbox_seaorm::log::LogRelayConfig {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    t.url.hash(&mut hasher);
+    let name = format!("ct_{}_{:016x}", std::process::id(), hasher.finish());
+    let backoff = Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200), multiplier: 2 };
+    outbox_seaorm::log::LogRelayConfig::default()
+        .with_slot(&name)
+        .and_then(|c| c.with_publication(&name))
+        .unwrap_or_else(|e| panic!("{t}: {e}"))
+        .with_relay(RelayConfig::default().with_batch_size(200).with_backoff(backoff))
+}
+
+/// The case's publication and a caught-up slot, before any event: what it enqueues is in the log.
+async fn prepare_log_slot(t: &TestDb) {
+    // Slots of earlier test processes (each broker's suite is one) hold WAL and count against
+    // max_replication_slots: drop the idle ones.
+    let sql = format!(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'ct\\_%' \
+         AND slot_name NOT LIKE 'ct\\_{}\\_%' AND NOT active",
+        std::process::id()
+    );
+    let _ = t.db.execute_unprepared(&sql).await;
+    let config = log_config(t);
+    outbox_seaorm::log::create_publication(&t.db, &config).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    run_log_relay(t, crate::contract::NoBroker, 0, || async { true }).await;
+}
+
+/// Runs the case's log relay through `publisher` until `done` holds (60 s at most), then stops it.
+async fn run_log_relay<P, F, Fut>(t: &TestDb, publisher: P, _expected: u64, done: F)
+where
+    P: Publisher + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let relay = outbox_seaorm::log::LogRelay::new(t.db.clone(), &t.url, publisher, log_config(t))
+        .unwrap_or_else(|e| panic!("{t}: log relay: {e}"));
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    let task = tokio::spawn(async move { relay.run(stop).await });
+    let slot = log_config(t).slot().to_owned();
+    eventually(Duration::from_secs(60), "the log relay reads its slot", async || {
+        outbox_seaorm::log::slot_state(&t.db, &slot).await.ok().flatten().is_some_and(|s| s.active)
+    })
+    .await;
+    eventually(Duration::from_secs(60), "the log relay published the case's events", async || done().await).await;
+    shutdown.cancel();
+    task.await
+        .unwrap_or_else(|e| panic!("{t}: log relay panicked: {e}"))
+        .unwrap_or_else(|e| panic!("{t}: log relay: {e}"));
+}
+
+/// A publisher for a relay that must publish nothing.
+struct NoBroker;
+
+impl Publisher for NoBroker {
+    async fn publish(&self, events: &[outbox_seaorm::OutboxEvent]) -> Vec<Result<(), outbox_seaorm::PublishError>> {
+        vec![Err(outbox_seaorm::PublishError::transient("no broker here")); events.len()]
+    }
+}
+
+async fn count_published(t: &TestDb) -> u64 {
+    let sql = "SELECT count(*) FROM outbox_events WHERE published_at_ms IS NOT NULL";
+    let row = t.db.query_one_raw(Statement::from_string(t.backend, sql)).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    row.and_then(|r| r.try_get_by_index::<i64>(0).ok()).unwrap_or(0) as u64
+}
+
+/// Runs relay passes through `publisher` until `expected` rows of `t` are published (with
+/// `OUTBOX_CONTRACT_RELAY=log`, the log relay until `expected` more rows are recorded published).
 pub async fn relay_until_published<P: Publisher + 'static>(t: &TestDb, publisher: P, expected: u64) {
+    if log_relay_mode() {
+        let before = count_published(t).await;
+        run_log_relay(t, publisher, expected, || async { count_published(t).await >= before + expected }).await;
+        return;
+    }
     let relay = relay(t, publisher);
     let mut published = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
