@@ -211,7 +211,9 @@ pub use config::{Backoff, ClaimMode, DeadLetterPolicy, RelayConfig};
 pub use memory::InMemoryPublisher;
 pub use publisher::{PublishError, Publisher};
 pub use relay::{Relay, RelayPass};
-pub use service::{CleanupConfig, Health, HealthProbe, OutboxService, OutboxServiceBuilder, ServiceConfig};
+pub use service::{
+    CleanupConfig, Health, HealthProbe, OutboxService, OutboxServiceBuilder, PassReporter, ServiceConfig,
+};
 pub use wake::wake_relays;
 // Consuming.
 pub use consume::{Consumer, ConsumerConfig, ConsumerStats, DeadFilter, EventHandler, Handled, Received, Transport};

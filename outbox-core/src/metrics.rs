@@ -17,6 +17,9 @@
 //! | `outbox_claim_duration_seconds` | histogram | | time of the store's claim |
 //! | `outbox_publish_duration_seconds` | histogram | | time of one publish call (a wave of events) |
 //! | `outbox_publish_latency_seconds` | histogram | | commit → broker confirmation: `created_at` to the confirmation, per event |
+//! | `outbox_log_slot_lag_bytes` | gauge | `slot` | the log relay's slot: WAL after its confirmed position (`outbox_seaorm::log`): **alert on it** |
+//! | `outbox_log_slot_retained_bytes` | gauge | `slot` | WAL the server keeps for the slot (from its restart position) |
+//! | `outbox_log_confirmed_age_seconds` | gauge | `slot` | time since the log relay last confirmed a position while the slot lagged (0 when caught up) |
 //! | `outbox_pending_events` | gauge | | unpublished rows that will still be tried (stats sampler) |
 //! | `outbox_dead_events` | gauge | | dead rows (stats sampler) |
 //! | `outbox_oldest_pending_age_seconds` | gauge | | age of the oldest pending row (stats sampler): **alert on it** |
@@ -139,6 +142,13 @@ pub fn describe() {
         describe_gauge!(PENDING_EVENTS, Unit::Count, "Unpublished outbox rows that will still be tried");
         describe_gauge!(DEAD_EVENTS, Unit::Count, "Dead outbox rows");
         describe_gauge!(OLDEST_PENDING_AGE, Unit::Seconds, "Age of the oldest pending outbox row");
+        describe_gauge!(LOG_SLOT_LAG, Unit::Bytes, "WAL after the log relay's confirmed position");
+        describe_gauge!(LOG_SLOT_RETAINED, Unit::Bytes, "WAL the server keeps for the log relay's slot");
+        describe_gauge!(
+            LOG_CONFIRMED_AGE,
+            Unit::Seconds,
+            "Time since the log relay confirmed a position while lagging"
+        );
         describe_counter!(CONSUMER_PROCESSED, Unit::Count, "Messages whose effect ran and committed");
         describe_counter!(CONSUMER_DUPLICATES, Unit::Count, "Messages the inbox had seen already");
         describe_counter!(CONSUMER_RETRIED, Unit::Count, "Failed handler attempts retried in place");
@@ -148,6 +158,26 @@ pub fn describe() {
         describe_counter!(CONSUMER_SKIPPED, Unit::Count, "Messages with no handler here, acked untouched");
         describe_histogram!(CONSUMER_HANDLER_DURATION, Unit::Seconds, "One handler attempt, inbox check included");
     }
+}
+
+/// Gauge, bytes: the log relay's replication slot, WAL after its confirmed position.
+pub const LOG_SLOT_LAG: &str = "outbox_log_slot_lag_bytes";
+/// Gauge, bytes: WAL the server keeps for the log relay's slot.
+pub const LOG_SLOT_RETAINED: &str = "outbox_log_slot_retained_bytes";
+/// Gauge, seconds: time since the log relay last confirmed a position while its slot lagged.
+pub const LOG_CONFIRMED_AGE: &str = "outbox_log_confirmed_age_seconds";
+
+/// A sample of the log relay's slot, as gauges labelled with the slot's name.
+pub fn log_slot(slot: &str, lag_bytes: u64, retained_bytes: u64, confirmed_age: Duration) {
+    #[cfg(feature = "metrics")]
+    {
+        let slot = slot.to_owned();
+        ::metrics::gauge!(LOG_SLOT_LAG, "slot" => slot.clone()).set(lag_bytes as f64);
+        ::metrics::gauge!(LOG_SLOT_RETAINED, "slot" => slot.clone()).set(retained_bytes as f64);
+        ::metrics::gauge!(LOG_CONFIRMED_AGE, "slot" => slot).set(confirmed_age.as_secs_f64());
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (slot, lag_bytes, retained_bytes, confirmed_age);
 }
 
 /// What one relay pass did, as counters (public for relays outside this crate: the log relay of

@@ -136,7 +136,7 @@ pub use outbox_runtime::testkit;
 /// Publishing: the relay, its settings, and the service that runs it with cleanup and health.
 pub use outbox_runtime::{
     Backoff, CancellationToken, ClaimMode, CleanupConfig, DeadLetterPolicy, Health, HealthProbe, OutboxService,
-    OutboxServiceBuilder, Relay, RelayConfig, RelayPass, ServiceConfig, wake_relays,
+    OutboxServiceBuilder, PassReporter, Relay, RelayConfig, RelayPass, ServiceConfig, wake_relays,
 };
 /// Errors.
 pub use outbox_runtime::{BoxError, Error, Result};

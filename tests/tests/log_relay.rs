@@ -260,10 +260,10 @@ async fn reader_of(t: &TestDb, config: &LogRelayConfig, not: Option<i32>) -> i32
             t.db.query_one_raw(sea_orm::Statement::from_string(sea_orm::DbBackend::Postgres, sql))
                 .await
                 .expect("slots");
-        if let Some(pid) = row.and_then(|row| row.try_get_by_index::<i32>(0).ok()) {
-            if Some(pid) != not {
-                return pid;
-            }
+        if let Some(pid) = row.and_then(|row| row.try_get_by_index::<i32>(0).ok())
+            && Some(pid) != not
+        {
+            return pid;
         }
         assert!(tokio::time::Instant::now() < deadline, "{t}: no relay read the slot within 60 s");
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -241,6 +241,9 @@ pub struct Health {
     pub cleaned_inbox_rows: u64,
     /// The last cleanup's error, until a cleanup succeeds.
     pub last_cleanup_error: Option<String>,
+    /// A relay that reads the database's log (`outbox_seaorm::log`): the WAL bytes its replication slot
+    /// holds that it has not confirmed, at its last sample; `None` for the polling relay.
+    pub replication_lag_bytes: Option<u64>,
     /// Whether the service was shut down (or its handle dropped).
     pub stopped: bool,
 }
@@ -301,9 +304,46 @@ pub struct OutboxServiceBuilder<S, P> {
     config: ServiceConfig,
     shutdown: Option<CancellationToken>,
     tasks: Vec<ExtraTask>,
+    relay: Option<RelayTask>,
 }
 
 type ExtraTask = Box<dyn FnOnce(CancellationToken) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+type RelayTask =
+    Box<dyn FnOnce(CancellationToken, PassReporter) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// How a relay that is not [`Relay::run`]'s loop (the log relay of `outbox_seaorm::log`) reports to the
+/// service that runs it ([`OutboxServiceBuilder::with_relay`]): its passes and failures feed
+/// [`Health`], the heartbeats and readiness as the polling relay's do. Cheap to clone.
+#[derive(Clone)]
+pub struct PassReporter {
+    health: SharedHealth,
+}
+
+impl std::fmt::Debug for PassReporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PassReporter")
+    }
+}
+
+impl PassReporter {
+    /// A pass succeeded (also one that found nothing to do: an idle relay reports those, or readiness
+    /// sees no recent success).
+    pub fn passed(&self, pass: &crate::RelayPass) {
+        record_pass(&self.health, PassReport::Done(*pass));
+    }
+
+    /// A pass failed with `error`.
+    pub fn failed(&self, error: &dyn std::fmt::Display) {
+        let mut health = self.health.lock();
+        health.consecutive_failures = health.consecutive_failures.saturating_add(1);
+        health.last_error = Some(crate::text::one_line(&error.to_string()));
+    }
+
+    /// The replication slot's unconfirmed WAL, in bytes ([`Health::replication_lag_bytes`]).
+    pub fn replication_lag(&self, bytes: u64) {
+        self.health.lock().replication_lag_bytes = Some(bytes);
+    }
+}
 
 impl<S: OutboxStore + MaintenanceStore + 'static, P: Publisher + 'static> OutboxServiceBuilder<S, P> {
     /// Replaces every setting.
@@ -362,18 +402,34 @@ impl<S: OutboxStore + MaintenanceStore + 'static, P: Publisher + 'static> Outbox
         self
     }
 
+    /// Runs `relay` instead of the [`ServiceConfig::relays`] polling relay tasks: a relay of another kind
+    /// (`outbox_seaorm::log::LogRelay`, which reads PostgreSQL's log), given the service's shutdown token
+    /// and a [`PassReporter`] for its passes. Cleanup, stats, heartbeats and health stay the service's.
+    pub fn with_relay<F, Fut>(mut self, relay: F) -> Self
+    where
+        F: FnOnce(CancellationToken, PassReporter) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.relay = Some(Box::new(move |token, reporter| Box::pin(relay(token, reporter))));
+        self
+    }
+
     /// Validates the settings and starts the tasks on the current Tokio runtime.
     pub fn start(self) -> Result<OutboxService> {
         self.config.validate()?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::invalid_config("runtime", "start() was called outside a Tokio runtime"));
         }
-        let OutboxServiceBuilder { store, publisher, config, shutdown, tasks } = self;
+        let OutboxServiceBuilder { store, publisher, config, shutdown, tasks, relay } = self;
         let shutdown = shutdown.unwrap_or_default();
         let (store, publisher) = (Arc::new(store), Arc::new(publisher));
         let health = SharedHealth::default();
         let tracker = TaskTracker::new();
-        for index in 0..config.relays {
+        let polling_relays = if relay.is_some() { 0 } else { config.relays };
+        if let Some(relay) = relay {
+            tracker.spawn(relay(shutdown.clone(), PassReporter { health: health.clone() }));
+        }
+        for index in 0..polling_relays {
             let relay = Relay::new(store.clone(), publisher.clone(), config.relay.clone())?;
             let (shutdown, health, backoff) = (shutdown.clone(), health.clone(), config.error_backoff);
             tracker.spawn(async move {
@@ -433,7 +489,14 @@ impl OutboxService {
         store: S,
         publisher: P,
     ) -> OutboxServiceBuilder<S, P> {
-        OutboxServiceBuilder { store, publisher, config: ServiceConfig::default(), shutdown: None, tasks: Vec::new() }
+        OutboxServiceBuilder {
+            store,
+            publisher,
+            config: ServiceConfig::default(),
+            shutdown: None,
+            tasks: Vec::new(),
+            relay: None,
+        }
     }
 
     /// The current health figures.

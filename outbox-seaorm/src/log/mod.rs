@@ -95,6 +95,9 @@ pub struct LogRelayConfig {
     pub status_interval: Duration,
     /// How often aggregates waiting behind a dead event are looked at for a replay or discard (default 1 s).
     pub parked_check: Duration,
+    /// How often the slot's lag and retained WAL are sampled into the metrics and the service's health
+    /// (default 10 s).
+    pub slot_sample: Duration,
     /// Delete each row once the broker confirmed it, instead of recording it published (default `false`).
     /// Halves the WAL an event costs over its life (no mark, no later cleanup: see BENCHMARKS.md), at the
     /// price of the table's record of what went out: the dashboard's history and lookups by aggregate see
@@ -112,6 +115,7 @@ impl Default for LogRelayConfig {
             standby_retry: Duration::from_secs(1),
             status_interval: Duration::from_secs(1),
             parked_check: Duration::from_secs(1),
+            slot_sample: Duration::from_secs(10),
             delete_published: false,
         }
     }

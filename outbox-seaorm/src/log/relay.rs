@@ -2,13 +2,15 @@
 //! catch-up), then read the log a window at a time, publish, record, confirm.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
 use outbox_runtime::CancellationToken;
 use tokio::task::JoinHandle;
 
-use outbox_runtime::{OutboxEvent, PublishError, Publisher, Relay};
+use outbox_runtime::{OutboxEvent, PassReporter, PublishError, Publisher, Relay};
 
 use crate::SeaOrmStore;
 
@@ -79,20 +81,59 @@ impl<P: Publisher> LogRelay<P> {
     /// Runs until `shutdown` is cancelled: returns `Err` only for a set-up problem (which waiting does not
     /// fix); database, broker and connection failures are logged and retried with backoff.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), LogError> {
+        self.run_reporting(shutdown, None).await
+    }
+
+    /// [`LogRelay::run`], reporting each window, each failure and the slot's lag to `reporter`: how an
+    /// [`OutboxService`](outbox_runtime::OutboxService) runs it, with its cleanup, stats, heartbeats and
+    /// health ([`OutboxServiceBuilder::with_relay`](outbox_runtime::OutboxServiceBuilder::with_relay)):
+    ///
+    /// ```no_run
+    /// # async fn demo(db: sea_orm::DatabaseConnection, relay: outbox_seaorm::log::LogRelay<outbox_seaorm::InMemoryPublisher>) -> outbox_seaorm::Result<()> {
+    /// let service = outbox_seaorm::OutboxService::builder(outbox_seaorm::SeaOrmStore::new(db), outbox_seaorm::InMemoryPublisher::new())
+    ///     .with_relay(move |stop, reporter| async move {
+    ///         if let Err(error) = relay.run_reporting(stop, Some(reporter)).await {
+    ///             tracing::error!(%error, "the log relay stopped");
+    ///         }
+    ///     })
+    ///     .start()?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_reporting(
+        &self,
+        shutdown: CancellationToken,
+        reporter: Option<PassReporter>,
+    ) -> Result<(), LogError> {
         self.check().await?;
         let mut held = Held::default();
         let mut failures: i32 = 0;
         let mut standing_by = false;
+        let last_confirm = Arc::new(AtomicI64::new(Utc::now().timestamp_millis()));
+        let sampler = tokio::spawn(sample_slot(
+            self.db.clone(),
+            self.config.slot().to_owned(),
+            self.config.slot_sample,
+            last_confirm.clone(),
+            reporter.clone(),
+            shutdown.clone(),
+        ));
+        let progress = Progress { reporter, last_confirm };
         while !shutdown.is_cancelled() {
-            let outcome = self.session(&shutdown, &mut held, &mut standing_by).await;
+            let outcome = self.session(&shutdown, &mut held, &mut standing_by, &progress).await;
             let delay = match outcome {
                 Ok(Some(pause)) => pause,
                 Ok(None) => {
                     failures = 0;
                     continue;
                 }
-                Err(LogError::Setup(problem)) => return Err(problem.into()),
+                Err(LogError::Setup(problem)) => {
+                    sampler.abort();
+                    return Err(problem.into());
+                }
                 Err(error) => {
+                    if let Some(reporter) = &progress.reporter {
+                        reporter.failed(&error);
+                    }
                     failures = failures.saturating_add(1);
                     let delay = self.config.relay.backoff.delay(failures).min(Duration::from_secs(30));
                     tracing::error!(%error, consecutive_failures = failures, retry_in = ?delay, "log relay failed");
@@ -104,6 +145,7 @@ impl<P: Publisher> LogRelay<P> {
                 () = tokio::time::sleep(delay) => {}
             }
         }
+        sampler.abort();
         Ok(())
     }
 
@@ -114,6 +156,7 @@ impl<P: Publisher> LogRelay<P> {
         shutdown: &CancellationToken,
         held: &mut Held,
         standing_by: &mut bool,
+        progress: &Progress,
     ) -> Result<Option<Duration>, LogError> {
         let slot = self.config.slot();
         table::ensure_state_table(&self.db).await?;
@@ -171,6 +214,7 @@ impl<P: Publisher> LogRelay<P> {
             window_confirm: None,
             writes: VecDeque::new(),
             confirmed: 0,
+            progress,
         };
         let result = session.read(&mut stream).await;
         let settled = session.settle(&stream, 0).await;
@@ -237,12 +281,65 @@ struct Session<'a, P> {
     window_confirm: Option<u64>,
     writes: VecDeque<Pending>,
     confirmed: u64,
+    progress: &'a Progress,
+}
+
+/// Who hears about the relay's progress: a service's health, and the slot sampler.
+struct Progress {
+    reporter: Option<PassReporter>,
+    /// When a position was last confirmed, in ms since the epoch.
+    last_confirm: Arc<AtomicI64>,
+}
+
+impl Progress {
+    fn passed(&self, pass: &LogPass) {
+        if let Some(reporter) = &self.reporter {
+            reporter.passed(&outbox_runtime::RelayPass {
+                claimed: pass.published + pass.dead + pass.waiting,
+                published: pass.published,
+                dead: pass.dead,
+                ..Default::default()
+            });
+        }
+    }
+}
+
+/// Samples the slot every `every`: its lag and retained WAL as metrics and for the service's health.
+async fn sample_slot(
+    db: sea_orm::DatabaseConnection,
+    slot: String,
+    every: Duration,
+    last_confirm: Arc<AtomicI64>,
+    reporter: Option<PassReporter>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        match setup::slot_state(&db, &slot).await {
+            Ok(Some(state)) => {
+                let lag = state.lag_bytes.unwrap_or(0).max(0) as u64;
+                let retained = state.retained_bytes.unwrap_or(0).max(0) as u64;
+                let since = Utc::now().timestamp_millis() - last_confirm.load(Ordering::Relaxed);
+                let age = if lag > 0 { Duration::from_millis(since.max(0) as u64) } else { Duration::ZERO };
+                outbox_runtime::metrics::log_slot(&slot, lag, retained, age);
+                if let Some(reporter) = &reporter {
+                    reporter.replication_lag(lag);
+                }
+            }
+            Ok(None) => tracing::debug!(slot, "no slot to sample yet"),
+            Err(error) => tracing::debug!(%error, "sampling the log relay's slot failed"),
+        }
+    }
 }
 
 impl<P: Publisher> Session<'_, P> {
     /// Reads the log until `shutdown` or the end of the stream.
     async fn read<S: ReplicationStream>(&mut self, stream: &mut S) -> Result<(), LogError> {
         let parked_check = self.relay.config.parked_check;
+        let idle_beat = self.relay.config.status_interval;
         loop {
             self.settle(stream, WRITES_IN_FLIGHT - 1).await?;
             let message = if self.window.is_empty() {
@@ -254,6 +351,12 @@ impl<P: Publisher> Session<'_, P> {
                     () = tokio::time::sleep(parked_check), if check_parked => {
                         self.settle(stream, 0).await?;
                         self.sweep_parked().await?;
+                        self.progress.passed(&LogPass::default());
+                        continue;
+                    }
+                    // Connected and idle: a pass that found nothing, for the service's readiness.
+                    () = tokio::time::sleep(idle_beat) => {
+                        self.progress.passed(&LogPass::default());
                         continue;
                     }
                 }
@@ -296,6 +399,7 @@ impl<P: Publisher> Session<'_, P> {
                     // beside a busy database frees the WAL the others write).
                     if !self.in_transaction && self.window.is_empty() && self.writes.is_empty() {
                         self.confirm(stream, wal_end);
+                        self.progress.passed(&LogPass::default());
                     }
                 }
             }
@@ -361,11 +465,12 @@ impl<P: Publisher> Session<'_, P> {
             dead: pass.dead,
             ..Default::default()
         });
+        self.progress.passed(&pass);
         let confirm = confirm.filter(|_| settled);
         if !outcome.is_empty() {
             let db = self.relay.db.clone();
             let shutdown = self.shutdown.clone();
-            let backoff = self.relay.config.relay.backoff.clone();
+            let backoff = self.relay.config.relay.backoff;
             let delete = self.relay.config.delete_published;
             let write =
                 tokio::spawn(async move { record_until_done(&db, &outcome, delete, &backoff, &shutdown).await });
@@ -547,6 +652,7 @@ impl<P: Publisher> Session<'_, P> {
         if lsn > self.confirmed {
             self.confirmed = lsn;
             stream.confirm(lsn);
+            self.progress.last_confirm.store(Utc::now().timestamp_millis(), Ordering::Relaxed);
         }
     }
 }

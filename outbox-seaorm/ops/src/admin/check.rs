@@ -19,11 +19,15 @@ pub struct CheckOptions {
     /// The migration bookkeeping table; `None` (the default) looks in `outbox_seaorm_migrations` (what
     /// [`migrate`](outbox_seaorm::migrate) keeps), then in `seaql_migrations` (an app's own `Migrator`).
     pub migration_table: Option<String>,
+    /// The log relay's slot (`outbox_seaorm::log`, PostgreSQL): when set, the checks also report
+    /// `wal_level`, whether the slot exists, whether a relay reads it, its lag in bytes and how long the
+    /// server has waited for its confirmation (feature `log-relay`).
+    pub log_slot: Option<String>,
 }
 
 impl Default for CheckOptions {
     fn default() -> Self {
-        CheckOptions { max_clock_skew: Duration::from_secs(2), migration_table: None }
+        CheckOptions { max_clock_skew: Duration::from_secs(2), migration_table: None, log_slot: None }
     }
 }
 
@@ -103,6 +107,9 @@ pub async fn check(db: &DatabaseConnection, options: &CheckOptions) -> CheckRepo
             }
             Err(e) => Check { name: "clock", ok: false, detail: e.to_string() },
         });
+        if let Some(slot) = &options.log_slot {
+            checks.extend(log_slot_checks(db, slot).await);
+        }
     }
     let ok = checks.iter().all(|check| check.ok);
     CheckReport { backend: backend_name(backend), ok, checks }
@@ -237,4 +244,81 @@ pub async fn clock_skew(db: &DatabaseConnection) -> Result<(i64, i64)> {
     };
     let local = before + (after - before) / 2;
     Ok((db_ms - local, (after - before + 1) / 2))
+}
+
+/// `wal_level` and the log relay's slot.
+#[cfg(feature = "log-relay")]
+async fn log_slot_checks(db: &DatabaseConnection, slot: &str) -> Vec<Check> {
+    if db.get_database_backend() != DbBackend::Postgres {
+        return vec![Check { name: "log slot", ok: false, detail: "the log relay reads PostgreSQL's log only".into() }];
+    }
+    let wal_level = match db.query_one_raw(Statement::from_string(DbBackend::Postgres, "SHOW wal_level")).await {
+        Ok(Some(row)) => row.try_get_by_index::<String>(0).unwrap_or_default(),
+        Ok(None) => String::new(),
+        Err(e) => return vec![Check { name: "wal_level", ok: false, detail: e.to_string() }],
+    };
+    let mut checks = vec![if wal_level == "logical" {
+        Check { name: "wal_level", ok: true, detail: "logical".into() }
+    } else {
+        Check {
+            name: "wal_level",
+            ok: false,
+            detail: format!("{wal_level}, not logical: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL"),
+        }
+    }];
+    checks.push(match outbox_seaorm::log::slot_state(db, slot).await {
+        Ok(None) => Check {
+            name: "log slot",
+            ok: true,
+            detail: format!("{slot}: none yet (`outbox relay --source log` creates it at its first start)"),
+        },
+        Ok(Some(state)) if state.is_lost() => Check {
+            name: "log slot",
+            ok: false,
+            detail: format!(
+                "{slot} is lost (the server removed WAL it needed); the next log relay recreates it and catches up \
+                 from the table"
+            ),
+        },
+        Ok(Some(state)) => {
+            let waited = confirmation_wait(db, slot).await;
+            Check {
+                name: "log slot",
+                ok: true,
+                detail: format!(
+                    "{slot}: {}, {} bytes behind, {} bytes of WAL held, confirmed position {}{}",
+                    if state.active { "read by a relay" } else { "no relay reads it" },
+                    state.lag_bytes.unwrap_or(0),
+                    state.retained_bytes.unwrap_or(0),
+                    state.confirmed_flush_lsn.as_deref().unwrap_or("-"),
+                    waited.map(|w| format!(", the server waited {w} for it")).unwrap_or_default()
+                ),
+            }
+        }
+        Err(e) => Check { name: "log slot", ok: false, detail: e.to_string() },
+    });
+    checks
+}
+
+/// How long the server waited for the relay's last confirmation (`pg_stat_replication.flush_lag`), while
+/// a relay reads the slot and lags.
+#[cfg(feature = "log-relay")]
+async fn confirmation_wait(db: &DatabaseConnection, slot: &str) -> Option<String> {
+    let sql = "SELECT flush_lag::text FROM pg_stat_replication r JOIN pg_replication_slots s \
+               ON s.active_pid = r.pid WHERE s.slot_name = $1";
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, [slot.into()]))
+        .await
+        .ok()
+        .flatten()?;
+    row.try_get_by_index::<Option<String>>(0).ok().flatten()
+}
+
+#[cfg(not(feature = "log-relay"))]
+async fn log_slot_checks(_db: &DatabaseConnection, slot: &str) -> Vec<Check> {
+    vec![Check {
+        name: "log slot",
+        ok: false,
+        detail: format!("{slot}: outbox-ops was built without its `log-relay` feature"),
+    }]
 }

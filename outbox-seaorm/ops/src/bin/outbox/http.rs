@@ -6,8 +6,8 @@
 //! - `GET /health/live`: 200 while the process runs (a liveness probe: restart only when it stops
 //!   answering).
 //! - `GET /health/ready` (and `GET /health`): 200 when the relay is connected to the broker, its last
-//!   successful pass is recent and the oldest pending event is younger than `--ready-max-pending-age`;
-//!   503 otherwise. The body is JSON: `ready`, the `reasons` it is not, the service's `health`, and
+//!   successful pass is recent, the oldest pending event is younger than `--ready-max-pending-age` and
+//!   (`--source log`) the slot's unconfirmed WAL is below `--ready-max-slot-lag`; 503 otherwise. The body is JSON: `ready`, the `reasons` it is not, the service's `health`, and
 //!   `stats_age_seconds`: how old `health.stats` (the stats sampler's last reading) is.
 
 use std::net::SocketAddr;
@@ -37,6 +37,8 @@ pub struct Readiness {
     pub max_pending_age: Duration,
     /// The last successful relay pass must be more recent than this.
     pub max_pass_age: Duration,
+    /// The log relay's slot must hold fewer unconfirmed WAL bytes than this (`--source log`).
+    pub max_slot_lag: Option<u64>,
 }
 
 impl Readiness {
@@ -63,6 +65,12 @@ impl Readiness {
                     ));
                 }
             }
+        }
+        if let (Some(max), Some(lag)) = (self.max_slot_lag, health.replication_lag_bytes)
+            && lag >= max
+        {
+            reasons
+                .push(format!("the replication slot holds {lag} bytes of WAL the relay has not confirmed (max {max})"));
         }
         match health.oldest_pending_age() {
             None => reasons.push("no backlog sample yet".to_owned()),
@@ -177,8 +185,11 @@ mod tests {
         health
     }
 
-    const READINESS: Readiness =
-        Readiness { max_pending_age: Duration::from_secs(60), max_pass_age: Duration::from_secs(30) };
+    const READINESS: Readiness = Readiness {
+        max_pending_age: Duration::from_secs(60),
+        max_pass_age: Duration::from_secs(30),
+        max_slot_lag: None,
+    };
 
     #[test]
     fn ready_needs_a_connected_broker_a_recent_pass_and_a_young_backlog() {
@@ -189,5 +200,20 @@ mod tests {
         let later = now + chrono::Duration::seconds(31);
         assert!(READINESS.reasons(Some(&healthy(now, 0)), later)[0].contains("31s ago (max 30s)"));
         assert!(READINESS.reasons(None, now)[0].contains("not connected"));
+    }
+
+    #[test]
+    fn a_log_relay_is_not_ready_once_its_slot_lags_past_the_bound() {
+        let now = chrono::Utc::now();
+        let log = Readiness { max_slot_lag: Some(1 << 20), ..READINESS };
+        let mut health = healthy(now, 0);
+        health.replication_lag_bytes = Some((1 << 20) - 1);
+        assert!(log.reasons(Some(&health), now).is_empty());
+        health.replication_lag_bytes = Some(1 << 20);
+        assert_eq!(
+            log.reasons(Some(&health), now),
+            ["the replication slot holds 1048576 bytes of WAL the relay has not confirmed (max 1048576)"]
+        );
+        assert!(READINESS.reasons(Some(&health), now).is_empty(), "the polling relay has no slot bound");
     }
 }

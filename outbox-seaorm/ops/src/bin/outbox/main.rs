@@ -18,6 +18,7 @@ mod dead;
 mod dead_letters;
 mod duration;
 mod http;
+mod log;
 mod migrate;
 mod notify;
 mod redact;
@@ -100,6 +101,9 @@ enum Command {
     /// PostgreSQL LISTEN/NOTIFY wake-ups: install, remove or show the notify trigger on `outbox_events`.
     #[command(subcommand)]
     Notify(notify::NotifyCommand),
+    /// PostgreSQL's log relay (`outbox relay --source log`): set it up, show its slot, drop the slot.
+    #[command(subcommand)]
+    Log(log::LogCommand),
 }
 
 /// `--json` for a command that prints.
@@ -165,7 +169,8 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     };
     let db = db::open(&cli.db, pool_size).await?;
     match cli.command {
-        Command::Relay(args) => relay::run(db, *args).await?,
+        Command::Relay(args) => relay::run(db, cli.db.url.as_deref().unwrap_or_default(), *args).await?,
+        Command::Log(command) => log::run(&db, command).await?,
         Command::Migrate(args) => migrate::run(&db, args).await?,
         Command::Stats(args) => stats::run(&db, args).await?,
         Command::Dead(command) => dead::run(&db, command).await?,

@@ -116,12 +116,24 @@ pub struct RelayArgs {
     pub dashboard: crate::dashboard::DashboardArgs,
     #[command(flatten)]
     channel: ChannelArgs,
+    #[command(flatten)]
+    pub log: crate::log::LogArgs,
 }
 
-/// Runs the relay until a signal (refuses a database that is read-only or not migrated).
-pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError> {
+/// Runs the relay until a signal (refuses a database that is read-only or not migrated, and with
+/// `--source log` a server not set up for logical replication). `url` is the database's, for the log
+/// relay's replication connection.
+pub async fn run(db: DatabaseConnection, url: &str, args: RelayArgs) -> Result<(), CliError> {
     let kind = broker::kind(&args.broker)?;
     ready_to_write(&db).await?;
+    let log_relay = match args.log.source {
+        crate::log::Source::Polling => None,
+        crate::log::Source::Log => {
+            let config = args.log.config(args.shape.config().with_batch_size(args.batch_size))?;
+            outbox_seaorm::log::check(&db, &config).await.map_err(crate::log::refused)?;
+            Some(config)
+        }
+    };
     let mut relay = args.shape.config().with_batch_size(args.batch_size).with_poll_interval(args.poll_interval);
     if args.skip_dead {
         relay = relay.with_dead_letters(DeadLetterPolicy::SkipDead);
@@ -155,8 +167,11 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let http = match args.http {
         Some(addr) => {
-            let readiness =
-                http::Readiness { max_pending_age: args.ready_max_pending_age, max_pass_age: args.ready_max_pass_age };
+            let readiness = http::Readiness {
+                max_pending_age: args.ready_max_pending_age,
+                max_pass_age: args.ready_max_pass_age,
+                max_slot_lag: log_relay.as_ref().map(|_| args.log.ready_max_slot_lag),
+            };
             let shared = http::install_recorder(readiness)?;
             let pages = match args.dashboard_pages {
                 true => Some(dashboard_router(&db, &args, &shared)?),
@@ -172,8 +187,25 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
         tracing::info!("stopped before the broker answered");
         return Ok(());
     };
+    let publisher = std::sync::Arc::new(publisher);
     let store = SeaOrmStore::new(db.clone());
-    let mut builder = OutboxService::builder(store.clone(), publisher).config(config.clone()).shutdown_on(&shutdown);
+    let mut builder = match &log_relay {
+        None => OutboxService::builder(store.clone(), publisher).config(config.clone()),
+        Some(log_config) => {
+            let relay = outbox_seaorm::log::LogRelay::new(db.clone(), url, publisher.clone(), log_config.clone())
+                .map_err(crate::log::refused)?;
+            let stop_all = shutdown.clone();
+            OutboxService::builder(store.clone(), publisher).config(config.clone()).with_relay(
+                move |stop, reporter| async move {
+                    if let Err(error) = relay.run_reporting(stop, Some(reporter)).await {
+                        tracing::error!(%error, "the log relay stopped");
+                        stop_all.cancel();
+                    }
+                },
+            )
+        }
+    }
+    .shutdown_on(&shutdown);
     if args.listen {
         let channel = args.channel.notify_channel.clone();
         match notify::notify_trigger_channel(&db).await? {
@@ -197,6 +229,7 @@ pub async fn run(db: DatabaseConnection, args: RelayArgs) -> Result<(), CliError
     tracing::info!(
         broker = %shown,
         kind = kind.name(),
+        source = args.log.source.name(),
         relays = config.relays,
         poll = ?config.relay.poll_interval,
         cleanup = config.cleanup.is_some(),
