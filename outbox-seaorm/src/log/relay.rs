@@ -59,14 +59,42 @@ impl Row {
     }
 }
 
-/// A window's record being written, and the log position to confirm once it is (and every earlier one).
-struct Pending {
-    write: Option<JoinHandle<Result<(), LogError>>>,
-    confirm: Option<u64>,
+/// The windows' records in the table: one being written, and those since merged into the next one, each
+/// with the log position to confirm once it is written (and every earlier one). Merging keeps the
+/// writes few and large whatever the size of the windows (a busy stream of small transactions made one
+/// small write each).
+#[derive(Default)]
+struct Records {
+    writing: Option<(JoinHandle<Result<(), LogError>>, Option<u64>)>,
+    next: Option<(Outcome, Option<u64>)>,
 }
 
-/// Most windows whose record is still being written.
-const WRITES_IN_FLIGHT: usize = 4;
+impl Records {
+    fn is_empty(&self) -> bool {
+        self.writing.is_none() && self.next.is_none()
+    }
+
+    /// Adds a window's outcome (possibly empty) and the position to confirm after it.
+    fn queue(&mut self, outcome: Outcome, confirm: Option<u64>) {
+        match &mut self.next {
+            Some((next, at)) => {
+                next.merge(outcome);
+                if confirm.is_some() {
+                    *at = confirm;
+                }
+            }
+            None => self.next = Some((outcome, confirm)),
+        }
+    }
+
+    /// Rows waiting for the next write.
+    fn queued_rows(&self) -> usize {
+        self.next.as_ref().map_or(0, |(outcome, _)| outcome.rows())
+    }
+}
+
+/// Most rows merged into the next write (in windows) before the stream waits for the write in flight.
+const QUEUED_WINDOWS: usize = 2;
 
 /// What the relay knows across sessions: the aggregates held back by a dead event (with the event that
 /// holds them), and the last version the parked-aggregate sweep published of each aggregate it freed,
@@ -211,13 +239,15 @@ impl<P: Publisher> LogRelay<P> {
             relations: HashMap::new(),
             window: Vec::new(),
             in_transaction: false,
+            xid: 0,
+            window_xids: HashSet::new(),
             window_confirm: None,
-            writes: VecDeque::new(),
+            records: Records::default(),
             confirmed: 0,
             progress,
         };
         let result = session.read(&mut stream).await;
-        let settled = session.settle(&stream, 0).await;
+        let settled = session.settle(&stream, true).await;
         stream.close().await;
         result.and(settled).map(|()| None)
     }
@@ -277,9 +307,13 @@ struct Session<'a, P> {
     /// Rows read and not yet published.
     window: Vec<Row>,
     in_transaction: bool,
+    /// The transaction being read.
+    xid: u32,
+    /// The transactions of the rows in the window.
+    window_xids: HashSet<u32>,
     /// The end of the last transaction that ended inside the window.
     window_confirm: Option<u64>,
-    writes: VecDeque<Pending>,
+    records: Records,
     confirmed: u64,
     progress: &'a Progress,
 }
@@ -341,7 +375,8 @@ impl<P: Publisher> Session<'_, P> {
         let parked_check = self.relay.config.parked_check;
         let idle_beat = self.relay.config.status_interval;
         loop {
-            self.settle(stream, WRITES_IN_FLIGHT - 1).await?;
+            let backlog = self.records.queued_rows() >= QUEUED_WINDOWS * self.relay.config.window;
+            self.settle(stream, backlog).await?;
             let message = if self.window.is_empty() {
                 let check_parked = !self.held.parked.is_empty();
                 tokio::select! {
@@ -349,7 +384,7 @@ impl<P: Publisher> Session<'_, P> {
                     () = self.shutdown.cancelled() => return Ok(()),
                     message = stream.next() => message?,
                     () = tokio::time::sleep(parked_check), if check_parked => {
-                        self.settle(stream, 0).await?;
+                        self.settle(stream, true).await?;
                         self.sweep_parked().await?;
                         self.progress.passed(&LogPass::default());
                         continue;
@@ -375,7 +410,10 @@ impl<P: Publisher> Session<'_, P> {
                 return Err(LogError::replication("the server ended the replication stream"));
             };
             match message {
-                LogMessage::Begin => self.in_transaction = true,
+                LogMessage::Begin { xid } => {
+                    self.in_transaction = true;
+                    self.xid = xid;
+                }
                 LogMessage::Change(bytes) => {
                     if self.change(&bytes)?
                         && self.window.len() >= self.relay.config.window
@@ -388,16 +426,16 @@ impl<P: Publisher> Session<'_, P> {
                     self.in_transaction = false;
                     if !self.window.is_empty() {
                         self.window_confirm = Some(end_lsn);
-                    } else if self.writes.is_empty() {
+                    } else if self.records.is_empty() {
                         self.confirm(stream, end_lsn);
                     } else {
-                        self.writes.push_back(Pending { write: None, confirm: Some(end_lsn) });
+                        self.records.queue(Outcome::default(), Some(end_lsn));
                     }
                 }
                 LogMessage::KeepAlive { wal_end } => {
                     // Nothing read is unfinished: everything before `wal_end` is done (an idle outbox
                     // beside a busy database frees the WAL the others write).
-                    if !self.in_transaction && self.window.is_empty() && self.writes.is_empty() {
+                    if !self.in_transaction && self.window.is_empty() && self.records.is_empty() {
                         self.confirm(stream, wal_end);
                         self.progress.passed(&LogPass::default());
                     }
@@ -428,6 +466,7 @@ impl<P: Publisher> Session<'_, P> {
                         },
                     };
                     self.window.push(row);
+                    self.window_xids.insert(self.xid);
                     Ok(true)
                 }
                 Some(None) => Ok(false),
@@ -444,7 +483,8 @@ impl<P: Publisher> Session<'_, P> {
     async fn flush<S: ReplicationStream>(&mut self, stream: &S) -> Result<bool, LogError> {
         let mut rows: VecDeque<Row> = std::mem::take(&mut self.window).into();
         let confirm = self.window_confirm.take();
-        let mut outcome = Outcome::default();
+        let mut outcome =
+            Outcome { xids: std::mem::take(&mut self.window_xids).into_iter().collect(), ..Outcome::default() };
         let mut settled = true;
         while !rows.is_empty() {
             let segment = self.segment(&mut rows, &mut outcome);
@@ -467,19 +507,14 @@ impl<P: Publisher> Session<'_, P> {
         });
         self.progress.passed(&pass);
         let confirm = confirm.filter(|_| settled);
-        if !outcome.is_empty() {
-            let db = self.relay.db.clone();
-            let shutdown = self.shutdown.clone();
-            let backoff = self.relay.config.relay.backoff;
-            let delete = self.relay.config.delete_published;
-            let write =
-                tokio::spawn(async move { record_until_done(&db, &outcome, delete, &backoff, &shutdown).await });
-            self.writes.push_back(Pending { write: Some(write), confirm });
-        } else if let Some(lsn) = confirm {
-            if self.writes.is_empty() {
+        if outcome.is_empty() && self.records.is_empty() {
+            if let Some(lsn) = confirm {
                 self.confirm(stream, lsn);
-            } else {
-                self.writes.push_back(Pending { write: None, confirm: Some(lsn) });
+            }
+        } else {
+            self.records.queue(outcome, confirm);
+            if self.records.writing.is_none() {
+                self.settle(stream, false).await?;
             }
         }
         Ok(settled)
@@ -626,24 +661,43 @@ impl<P: Publisher> Session<'_, P> {
         Ok(())
     }
 
-    /// Confirms the positions of the writes that finished, in order, waiting for the oldest ones until
-    /// at most `keep` are still being written.
-    async fn settle<S: ReplicationStream>(&mut self, stream: &S, keep: usize) -> Result<(), LogError> {
+    /// Confirms the position of the write in flight once it finished and starts the next one (the
+    /// windows merged since); with `wait`, waits until every record is written.
+    async fn settle<S: ReplicationStream>(&mut self, stream: &S, wait: bool) -> Result<(), LogError> {
         loop {
-            let pending = self.writes.len();
-            let Some(front) = self.writes.front_mut() else { return Ok(()) };
-            if let Some(write) = &mut front.write {
-                if pending <= keep && !write.is_finished() {
-                    return Ok(());
-                }
-                let written = write.await.map_err(|e| LogError::replication(format!("the record task failed: {e}")))?;
-                front.write = None;
-                written?;
+            if let Some((write, _)) = &self.records.writing
+                && !wait
+                && !write.is_finished()
+            {
+                return Ok(());
             }
-            let confirm = front.confirm;
-            self.writes.pop_front();
-            if let Some(lsn) = confirm {
-                self.confirm(stream, lsn);
+            if let Some((write, confirm)) = self.records.writing.take() {
+                write.await.map_err(|e| LogError::replication(format!("the record task failed: {e}")))??;
+                if let Some(lsn) = confirm {
+                    self.confirm(stream, lsn);
+                }
+            }
+            match self.records.next.take() {
+                None => return Ok(()),
+                Some((outcome, confirm)) if outcome.is_empty() => {
+                    if let Some(lsn) = confirm {
+                        self.confirm(stream, lsn);
+                    }
+                }
+                Some((outcome, confirm)) => {
+                    let db = self.relay.db.clone();
+                    let shutdown = self.shutdown.clone();
+                    let backoff = self.relay.config.relay.backoff;
+                    let delete = self.relay.config.delete_published;
+                    let write =
+                        tokio::spawn(
+                            async move { record_until_done(&db, &outcome, delete, &backoff, &shutdown).await },
+                        );
+                    self.records.writing = Some((write, confirm));
+                    if !wait {
+                        return Ok(());
+                    }
+                }
             }
         }
     }

@@ -13,8 +13,8 @@ use super::{LogError, LogRelayConfig};
 /// One message of the stream, in the order the server sends them: whole transactions in commit order.
 #[derive(Debug)]
 pub(crate) enum LogMessage {
-    /// A transaction starts.
-    Begin,
+    /// A transaction starts; `xid` is its (32-bit) id.
+    Begin { xid: u32 },
     /// A `pgoutput` message inside it (a relation or a change).
     Change(bytes::Bytes),
     /// It committed; confirming `end_lsn` means everything up to and including it is done.
@@ -143,7 +143,7 @@ impl ReplicationStream for PgWireStream {
 /// The relay's view of a client event; `None` for the ones it does not act on (logical messages).
 fn message(event: ReplicationEvent) -> Option<LogMessage> {
     match event {
-        ReplicationEvent::Begin { .. } => Some(LogMessage::Begin),
+        ReplicationEvent::Begin { xid, .. } => Some(LogMessage::Begin { xid }),
         ReplicationEvent::XLogData { data, .. } => Some(LogMessage::Change(data)),
         ReplicationEvent::Commit { end_lsn, .. } => Some(LogMessage::Commit { end_lsn: end_lsn.as_u64() }),
         ReplicationEvent::KeepAlive { wal_end, .. } => Some(LogMessage::KeepAlive { wal_end: wal_end.as_u64() }),

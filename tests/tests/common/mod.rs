@@ -180,8 +180,9 @@ pub async fn replay_all<P: outbox_seaorm::Publisher>(
     outbox_ops::admin::replay_dead(relay.store().connection(), &outbox_ops::admin::DeadFilter::all()).await
 }
 
-/// Appends each message to a file, synced before the publish reports success: a broker that outlives any
-/// process and no database lock can hold up (SQLite's transaction claim holds the only write lock).
+/// Appends each message to a file as a line `id aggregate`, synced before the publish reports success: a
+/// broker that outlives any process and no database lock can hold up (SQLite's transaction claim holds the
+/// only write lock).
 #[derive(Clone)]
 pub struct FileBroker {
     /// The file.
@@ -193,7 +194,9 @@ impl outbox_seaorm::Publisher for FileBroker {
         use std::io::Write as _;
         let append = || -> std::io::Result<()> {
             let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
-            let mut lines = String::new();
+            // A leading newline ends a line that a killed process left half-written, so it never runs
+            // into this call's first line.
+            let mut lines = String::from("\n");
             for e in events {
                 lines.push_str(&format!("{} {}\n", e.id, e.aggregate_id));
             }
@@ -213,7 +216,8 @@ impl FileBroker {
         let text = std::fs::read_to_string(&self.path).unwrap_or_default();
         text.lines()
             .filter_map(|line| {
-                // A process killed mid-write leaves at most a partial last line, which was never confirmed.
+                // A process killed mid-write leaves at most a partial last line, never confirmed; the
+                // next call's leading newline ends it (and leaves empty lines).
                 let (id, aggregate) = line.split_once(' ')?;
                 Some((id.parse().ok()?, aggregate.to_owned()))
             })

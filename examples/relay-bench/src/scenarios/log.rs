@@ -86,6 +86,9 @@ pub async fn run(outer: &Ctx) -> Result<()> {
             println!("log relay drain: {:.0} events/s", run.rate());
             return Ok(());
         }
+        if std::env::var("OUTBOX_BENCH_LOG_ONLY").as_deref() == Ok("wal") {
+            return wal(&ctx).await;
+        }
         drains(&ctx).await?;
         commit_rate(&ctx).await?;
         latency(&ctx).await?;
