@@ -63,7 +63,7 @@ async fn a_log_relay_process_publishes_reports_its_slot_and_the_slot_drops_only_
     ));
     // Wait until the relay reads its slot, then commit events: they come from the log.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !outbox_seaorm::log::slot_state(&t.db, &slot).await.expect("slot").is_some_and(|s| s.active) {
+    while !outbox_seaorm::log::slot_state(&t.db, &slot).await.expect("slot").is_some_and(|s| s.streaming) {
         assert!(Instant::now() < deadline, "{t}: the relay did not start reading its slot");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -81,8 +81,11 @@ pub enum SetupProblem {
 pub struct SlotState {
     /// The slot's name.
     pub name: String,
-    /// Whether a replication connection is reading it now.
+    /// Whether a connection holds it now (a relay reading it, or the one creating it).
     pub active: bool,
+    /// Whether a relay streams from it now (the holder is a replication connection): it has caught up
+    /// and reads the log.
+    pub streaming: bool,
     /// `reserved`, `extended`, `unreserved` or `lost` (`lost`: the server removed WAL it still needed).
     pub wal_status: Option<String>,
     /// Everything before this position is confirmed by the relay.
@@ -183,11 +186,13 @@ async fn publication(db: &DatabaseConnection, name: &str) -> Result<Option<(bool
 /// The slot's state, `None` when this database has no slot of that name.
 pub async fn slot_state(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotState>, LogError> {
     let sql = "SELECT slot_name::text AS name, active, wal_status::text AS wal_status, plugin::text AS plugin, \
+               EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.active_pid \
+               AND a.backend_type = 'walsender') AS streaming, \
                database::text AS database, current_database()::text AS here, \
                confirmed_flush_lsn::text AS confirmed, \
                pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint AS retained, \
                pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint AS lag \
-               FROM pg_replication_slots WHERE slot_name = $1";
+               FROM pg_replication_slots s WHERE slot_name = $1";
     let row = db
         .query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, [Value::from(slot)]))
         .await
@@ -201,6 +206,7 @@ pub async fn slot_state(db: &DatabaseConnection, slot: &str) -> Result<Option<Sl
             SlotState {
                 name: row.try_get("", "name")?,
                 active: row.try_get("", "active")?,
+                streaming: row.try_get("", "streaming")?,
                 wal_status: row.try_get("", "wal_status")?,
                 confirmed_flush_lsn: row.try_get("", "confirmed")?,
                 retained_bytes: row.try_get("", "retained")?,

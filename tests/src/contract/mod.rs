@@ -440,7 +440,7 @@ where
     let task = tokio::spawn(async move { relay.run(stop).await });
     let slot = log_config(t).slot().to_owned();
     eventually(Duration::from_secs(60), "the log relay reads its slot", async || {
-        outbox_seaorm::log::slot_state(&t.db, &slot).await.ok().flatten().is_some_and(|s| s.active)
+        outbox_seaorm::log::slot_state(&t.db, &slot).await.ok().flatten().is_some_and(|s| s.streaming)
     })
     .await;
     eventually(Duration::from_secs(60), "the log relay published the case's events", async || done().await).await;

@@ -173,7 +173,7 @@ async fn start_log<P: Publisher + 'static>(
 
 async fn wait_active(db: &DatabaseConnection) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !log::slot_state(db, SLOT).await?.is_some_and(|slot| slot.active) {
+    while !log::slot_state(db, SLOT).await?.is_some_and(|slot| slot.streaming) {
         anyhow::ensure!(Instant::now() < deadline, "the log relay did not start reading within 60 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -287,7 +287,13 @@ async fn log_slot_checks(db: &DatabaseConnection, slot: &str) -> Vec<Check> {
                 ok: true,
                 detail: format!(
                     "{slot}: {}, {} bytes behind, {} bytes of WAL held, confirmed position {}{}",
-                    if state.active { "read by a relay" } else { "no relay reads it" },
+                    if state.streaming {
+                        "read by a relay"
+                    } else if state.active {
+                        "held (being created)"
+                    } else {
+                        "no relay reads it"
+                    },
                     state.lag_bytes.unwrap_or(0),
                     state.retained_bytes.unwrap_or(0),
                     state.confirmed_flush_lsn.as_deref().unwrap_or("-"),

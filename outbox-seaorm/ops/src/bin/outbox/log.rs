@@ -180,7 +180,13 @@ pub fn describe(name: &str, slot: Option<&SlotState>) -> String {
         None => format!("{name}: none yet (the log relay creates it at its first start)"),
         Some(slot) => format!(
             "{name}: {}, wal_status {}, confirmed {}, {} bytes behind, {} bytes of WAL held",
-            if slot.active { "read by a relay" } else { "no relay reads it" },
+            if slot.streaming {
+                "read by a relay"
+            } else if slot.active {
+                "held (being created)"
+            } else {
+                "no relay reads it"
+            },
             slot.wal_status.as_deref().unwrap_or("-"),
             slot.confirmed_flush_lsn.as_deref().unwrap_or("-"),
             slot.lag_bytes.unwrap_or(0),
