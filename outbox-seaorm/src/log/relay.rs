@@ -65,7 +65,7 @@ impl Row {
 /// small write each).
 #[derive(Default)]
 struct Records {
-    writing: Option<(JoinHandle<Result<(), LogError>>, Option<u64>)>,
+    writing: Option<(RecordTask, Option<u64>)>,
     next: Option<(Outcome, Option<u64>)>,
 }
 
@@ -92,6 +92,9 @@ impl Records {
         self.next.as_ref().map_or(0, |(outcome, _)| outcome.rows())
     }
 }
+
+/// A record being written.
+type RecordTask = JoinHandle<Result<(), LogError>>;
 
 /// Most rows merged into the next write (in windows) before the stream waits for the write in flight.
 const QUEUED_WINDOWS: usize = 2;
