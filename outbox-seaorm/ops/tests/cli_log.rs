@@ -55,7 +55,7 @@ async fn a_log_relay_process_publishes_reports_its_slot_and_the_slot_drops_only_
             .args(extra)
             .args(["relay", "--source", "log", "--broker", "redis://127.0.0.1:6379", "--destination", &stream])
             .args(names)
-            .args(["--http", &addr, "--stats-interval", "200ms"])
+            .args(["--http", &addr, "--stats-interval", "200ms", "--dashboard"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -87,6 +87,11 @@ async fn a_log_relay_process_publishes_reports_its_slot_and_the_slot_drops_only_
         assert!(Instant::now() < deadline, "{t}: not ready: {status} {body}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The dashboard beside it shows the slot.
+    let (status, page) = get(port, "/fragments/overview");
+    assert_eq!(status, 200, "{t}: {page}");
+    assert!(page.contains("id=\"log-slot\"") && page.contains(&slot), "{t}: {page}");
+    assert!(page.contains("read by a relay"), "{t}: {page}");
     let metrics = get(port, "/metrics").1;
     assert!(metrics.contains("outbox_events_published_total 20"), "{t}: {metrics}");
 

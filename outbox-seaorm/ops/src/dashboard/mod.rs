@@ -45,6 +45,7 @@ mod chart;
 mod form;
 mod letters;
 mod read;
+mod slot;
 mod view;
 
 use std::fmt;
@@ -86,6 +87,7 @@ pub struct DashboardConfig {
     refresh: Duration,
     details: Vec<(String, String)>,
     destination: Option<Destination>,
+    log_slot: Option<String>,
 }
 
 impl fmt::Debug for DashboardConfig {
@@ -95,6 +97,7 @@ impl fmt::Debug for DashboardConfig {
             .field("refresh", &self.refresh)
             .field("details", &self.details)
             .field("destination", &self.destination.as_ref().map(Destination::template))
+            .field("log_slot", &self.log_slot)
             .finish()
     }
 }
@@ -108,7 +111,8 @@ impl Default for DashboardConfig {
 impl DashboardConfig {
     /// No actions: the pages show no button and every POST but sign-in is answered 403.
     pub fn read_only() -> Self {
-        DashboardConfig { admin_token: None, refresh: Duration::from_secs(5), details: Vec::new(), destination: None }
+        let refresh = Duration::from_secs(5);
+        DashboardConfig { admin_token: None, refresh, details: Vec::new(), destination: None, log_slot: None }
     }
 
     /// Replay and discard for whoever signs in with `token` (at least [`MIN_ADMIN_TOKEN_LEN`] bytes, no
@@ -395,6 +399,7 @@ impl Shared {
             now_ms: Utc::now().timestamp_millis(),
             health: self.health.as_ref().and_then(|health| health()),
             details: &self.config.details,
+            slot: slot::panel(&self.db, self.config.log_slot.as_deref()).await,
         };
         view::overview(frame, &overview)
     }

@@ -306,6 +306,10 @@ fn dashboard_router(
         .with_detail("relay tasks", args.relays.to_string())
         .with_detail("wake-up", wake)
         .with_destination(crate::broker::relay_destination(&args.broker)?);
+    let config = match args.log.source {
+        crate::log::Source::Log => config.with_log_slot(&args.log.names.slot),
+        crate::log::Source::Polling => config,
+    };
     let service = shared.service.clone();
     Ok(outbox_ops::dashboard::Dashboard::new(db.clone(), config)
         .with_health(move || service.get().map(OutboxService::health))

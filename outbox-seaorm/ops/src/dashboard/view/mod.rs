@@ -96,6 +96,8 @@ pub(super) struct Overview<'a> {
     pub details: &'a [(String, String)],
     /// Per consumer dead-letter source, read with the backlog.
     pub letters: &'a [LetterCounts],
+    /// The log relay's slot (`DashboardConfig::with_log_slot`).
+    pub slot: Option<Markup>,
 }
 
 /// The part of the overview that refreshes itself.
@@ -183,6 +185,7 @@ pub(super) fn overview(frame: &Frame<'_>, overview: &Overview<'_>) -> Markup {
             section {
                 h2 { "Relays in this process" }
                 (relays(overview.health.as_ref(), overview.details))
+                @if let Some(slot) = &overview.slot { (slot) }
             }
             @if let Ok(backlog) = &overview.backlog {
                 p.muted.small #read-at { "Backlog read at " (rfc3339(backlog.read_at_ms)) " in " (backlog.took_ms) " ms." }
