@@ -6,7 +6,7 @@
 //! writers included), a publication carries those inserts to a replication slot, and the relay
 //!
 //! 1. reads each committed transaction whole, in commit order (`pgoutput`);
-//! 2. publishes its events through the same [`Publisher`](outbox_runtime::Publisher) as the polling relay
+//! 2. publishes its events through the same [`Publisher`] as the polling relay
 //!    (same envelope, headers, dedup id and trace context), a window of events per publish call, never two
 //!    events of one aggregate in one call;
 //! 3. records them published in the table in bulk, off the stream's path (one `UPDATE` per window);

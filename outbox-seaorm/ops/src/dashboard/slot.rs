@@ -1,7 +1,7 @@
 //! The log relay's replication slot on the overview (`outbox_seaorm::log`, PostgreSQL): whether a relay
 //! reads it, how far behind it is and the WAL it holds, read at each refresh.
 
-use maud::{Markup, html};
+use maud::Markup;
 use sea_orm::DatabaseConnection;
 
 impl super::DashboardConfig {
@@ -19,7 +19,7 @@ impl super::DashboardConfig {
 pub(super) async fn panel(db: &DatabaseConnection, slot: Option<&str>) -> Option<Markup> {
     let name = slot?;
     let state = outbox_seaorm::log::slot_state(db, name).await;
-    Some(html! {
+    Some(maud::html! {
         table #log-slot {
             tbody {
                 tr { th { "log slot" } td { (name) } }
