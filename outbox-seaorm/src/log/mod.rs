@@ -43,6 +43,7 @@
 
 mod pgoutput;
 mod relay;
+mod session;
 mod setup;
 mod stream;
 mod table;
