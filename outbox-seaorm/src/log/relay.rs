@@ -29,6 +29,19 @@ pub struct LogPass {
     pub waiting: u64,
 }
 
+impl LogPass {
+    /// The window as a polling pass's figures (every row read counts as claimed), for the metrics and a
+    /// service's health.
+    pub(super) fn as_relay_pass(&self) -> outbox_runtime::RelayPass {
+        outbox_runtime::RelayPass {
+            claimed: self.published + self.dead + self.waiting,
+            published: self.published,
+            dead: self.dead,
+            ..Default::default()
+        }
+    }
+}
+
 /// What the relay knows across sessions: the aggregates held back by a dead event (with the event that
 /// holds them), and the last version the parked-aggregate sweep published of each aggregate it freed,
 /// so the log does not publish those again.
@@ -227,12 +240,7 @@ pub(super) struct Progress {
 impl Progress {
     pub(super) fn passed(&self, pass: &LogPass) {
         if let Some(reporter) = &self.reporter {
-            reporter.passed(&outbox_runtime::RelayPass {
-                claimed: pass.published + pass.dead + pass.waiting,
-                published: pass.published,
-                dead: pass.dead,
-                ..Default::default()
-            });
+            reporter.passed(&pass.as_relay_pass());
         }
     }
 }

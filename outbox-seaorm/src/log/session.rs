@@ -262,12 +262,7 @@ impl<'a, P: Publisher> Session<'a, P> {
             waiting: outcome.waiting.len() as u64,
         };
         tracing::debug!(?pass, settled, "log window published");
-        outbox_runtime::metrics::relay_pass(&outbox_runtime::RelayPass {
-            claimed: pass.published + pass.dead + pass.waiting,
-            published: pass.published,
-            dead: pass.dead,
-            ..Default::default()
-        });
+        outbox_runtime::metrics::relay_pass(&pass.as_relay_pass());
         self.progress.passed(&pass);
         let confirm = confirm.filter(|_| settled);
         if outcome.is_empty() && self.records.is_empty() {

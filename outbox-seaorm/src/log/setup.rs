@@ -5,8 +5,7 @@
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, Value};
 
-use crate::error::store_error;
-
+use super::table::db_error;
 use super::{LogError, LogRelayConfig};
 
 /// One thing the server lacks for the log relay, with what to do about it.
@@ -273,8 +272,4 @@ async fn text(db: &DatabaseConnection, sql: &str, values: Vec<Value>) -> Result<
 
 async fn execute(db: &DatabaseConnection, sql: &str, operation: &'static str) -> Result<(), LogError> {
     db.execute_unprepared(sql).await.map(drop).map_err(db_error(operation))
-}
-
-fn db_error(operation: &'static str) -> impl Fn(DbErr) -> LogError {
-    move |error| LogError::Outbox(store_error(operation, "outbox_events", DbBackend::Postgres, error))
 }

@@ -111,7 +111,6 @@ async fn visible(db: &DatabaseConnection, xids: &[u32]) -> Result<bool, LogError
     if xids.is_empty() {
         return Ok(true);
     }
-    let xids: Vec<String> = xids.iter().map(u32::to_string).collect();
     let sql = "WITH now AS (SELECT pg_current_snapshot() AS snapshot, \
                pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax), \
                wide AS (SELECT snapshot, CASE WHEN ((xmax >> 32) << 32 | x) > xmax \
@@ -119,7 +118,7 @@ async fn visible(db: &DatabaseConnection, xids: &[u32]) -> Result<bool, LogError
                FROM now, unnest($1::bigint[]) AS x) \
                SELECT coalesce(bool_and(pg_visible_in_snapshot(xid::text::xid8, snapshot)), true) FROM wide";
     let row = db
-        .query_one_raw(statement(sql, vec![format!("{{{}}}", xids.join(",")).into()]))
+        .query_one_raw(statement(sql, vec![array(xids).into()]))
         .await
         .map_err(db_error("wait until the log's transactions are visible"))?;
     row.map(|row| row.try_get_by_index::<bool>(0))
@@ -233,9 +232,9 @@ pub(super) async fn publishable(db: &DatabaseConnection) -> Result<i64, LogError
     Ok(row.map(|row| row.try_get_by_index::<i64>(0)).transpose().map_err(db_error("count rows"))?.unwrap_or(0))
 }
 
-/// `{1,2,3}`: PostgreSQL's text form of an array, bound as one value.
-fn array(seqs: &[i64]) -> String {
-    let items: Vec<String> = seqs.iter().map(i64::to_string).collect();
+/// `{1,2,3}`: PostgreSQL's text form of an array of numbers, bound as one value.
+fn array<N: ToString>(numbers: &[N]) -> String {
+    let items: Vec<String> = numbers.iter().map(N::to_string).collect();
     format!("{{{}}}", items.join(","))
 }
 
