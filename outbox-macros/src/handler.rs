@@ -1,37 +1,70 @@
-//! `#[idempotent_handler(consumer = "...")]`: decode, inbox dedup and effect in one transaction.
+//! `#[idempotent_handler]`: the function as written becomes the handler a consumer registers with
+//! `.on(name)` (or `.on_batch(name)`): inbox dedup and effect in one transaction, the consumer's name and
+//! the decoded event taken from the message the consumer hands over.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{Attribute, FnArg, ItemFn, LitStr, Type};
+use syn::{Attribute, FnArg, GenericArgument, ItemFn, PathArguments, Type};
 
 use crate::diagnostics::{Errors, with_item};
 use crate::signature::result_types;
 
+/// What the attribute's arguments came to: nothing is expected, so anything given is an error.
 struct Args {
-    consumer: Option<LitStr>,
-    /// The arguments did not parse: that error stands for them, no second one about `consumer`.
+    /// The arguments did not parse: that error stands for them.
     malformed: bool,
 }
 
 fn parse_args(args: TokenStream, errors: &mut Errors) -> Args {
-    let mut parsed = Args { consumer: None, malformed: false };
     let parser = syn::meta::parser(|meta| {
         if meta.path.is_ident("consumer") {
-            parsed.consumer = Some(meta.value()?.parse()?);
-            Ok(())
+            Err(meta.error(
+                "the consumer is named once, by `Consumer::new(\"name\")`, which hands its name to the handler with each message: remove `consumer = …` and register the handler with `.on(handler)`",
+            ))
         } else {
             Err(meta.error(format!(
-                "unknown key `{}`; expected `consumer = \"name\"`",
+                "unknown key `{}`: `#[idempotent_handler]` takes no arguments",
                 meta.path.get_ident().map(ToString::to_string).unwrap_or_default()
             )))
         }
     });
-    if let Err(e) = syn::parse::Parser::parse2(parser, args) {
-        errors.push(e);
-        parsed.malformed = true;
+    let malformed = match syn::parse::Parser::parse2(parser, args) {
+        Ok(()) => false,
+        Err(e) => {
+            errors.push(e);
+            true
+        }
+    };
+    Args { malformed }
+}
+
+/// `T` of a type spelled `Vec<T>` (any path ending in `Vec` with one type argument).
+fn vec_item(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    if last.ident != "Vec" {
+        return None;
     }
-    parsed
+    let PathArguments::AngleBracketed(args) = &last.arguments else { return None };
+    match args.args.first()? {
+        GenericArgument::Type(item) if args.args.len() == 1 => Some(item),
+        _ => None,
+    }
+}
+
+/// `E` of a type spelled `Received<E>`.
+fn received_event(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    if last.ident != "Received" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else { return None };
+    match args.args.first()? {
+        GenericArgument::Type(event) if args.args.len() == 1 => Some(event),
+        _ => None,
+    }
 }
 
 fn is_envelope_ref(ty: &Type) -> bool {
@@ -88,33 +121,33 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
 
 /// What the generated handler needs of the user's signature.
 struct Handler<'a> {
-    consumer: Option<&'a LitStr>,
+    /// The event type: the second parameter's, or its item's for a batch.
     event_ty: &'a Type,
     ok_ty: &'a Type,
     err_ty: &'a Type,
     envelope: bool,
+    /// How the events arrive: one at a time, or several (`Vec<E>` / `Vec<Received<E>>`).
+    batch: Option<Batch>,
     /// The user's function can be called as `name(txn, event[, envelope])` from the generated handler.
     callable: bool,
     /// The user's function is a method: it cannot be nested in the handler as it is.
     method: bool,
 }
 
+/// A batch handler's second parameter.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Batch {
+    /// `events: Vec<E>`.
+    Events,
+    /// `received: Vec<Received<E>>`: with each event's envelope and delivery count.
+    Received,
+}
+
 /// Checks the arguments and the signature; `None` when the handler's own signature cannot be written (no
 /// event parameter, or no `Result`).
-fn check<'a>(args: &'a Args, function: &'a ItemFn, errors: &mut Errors) -> Option<Handler<'a>> {
+fn check<'a>(args: &Args, function: &'a ItemFn, errors: &mut Errors) -> Option<Handler<'a>> {
     let sig = &function.sig;
-    match &args.consumer {
-        None if args.malformed => {}
-        None => errors.push(syn::Error::new(
-            Span::call_site(),
-            "missing `consumer = \"name\"`: the inbox records messages per consumer",
-        )),
-        Some(c) if c.value().trim().is_empty() || c.value().len() > 128 => {
-            errors.at(c, "`consumer` must be a non-empty name of at most 128 bytes")
-        }
-        Some(_) => {}
-    }
-    let args_errors = errors.count();
+    let args_errors = usize::from(args.malformed);
     if sig.asyncness.is_none() {
         errors.at(sig.fn_token, format!("`{}` must be `async fn`", sig.ident));
     }
@@ -138,18 +171,30 @@ fn check<'a>(args: &'a Args, function: &'a ItemFn, errors: &mut Errors) -> Optio
         _ => {
             errors.at(
                 &sig.inputs,
-                "an idempotent handler takes two parameters, `txn: &DatabaseTransaction, event: YourEvent`, and optionally a third, `envelope: &OutboxEvent` (id, time, headers)",
+                "an idempotent handler takes two parameters, `txn: &DatabaseTransaction, event: YourEvent` (or `events: Vec<YourEvent>` for several at once), and optionally a third, `envelope: &OutboxEvent` (id, time, headers)",
             );
             (None, None, None)
         }
     };
-    if let Some(envelope) = envelope
-        && !is_envelope_ref(&envelope.ty)
-    {
-        errors.at(
-            &envelope.ty,
-            "the third parameter must be the envelope, `envelope: &OutboxEvent`: it gives the handler the event's id, time and headers",
-        );
+    let batch = event.and_then(|event| {
+        let item = vec_item(&event.ty)?;
+        Some(match received_event(item) {
+            Some(event) => (event, Batch::Received),
+            None => (item, Batch::Events),
+        })
+    });
+    if let Some(envelope) = envelope {
+        if batch.is_some() {
+            errors.at(
+                envelope,
+                "a batch handler has no third parameter: take `Vec<Received<YourEvent>>` to read each event's envelope",
+            );
+        } else if !is_envelope_ref(&envelope.ty) {
+            errors.at(
+                &envelope.ty,
+                "the third parameter must be the envelope, `envelope: &OutboxEvent`: it gives the handler the event's id, time and headers",
+            );
+        }
     }
     if let Some(txn) = txn
         && !is_transaction_ref(&txn.ty)
@@ -169,31 +214,34 @@ fn check<'a>(args: &'a Args, function: &'a ItemFn, errors: &mut Errors) -> Optio
     let signature_errors = errors.count() - args_errors;
     let (event, (ok_ty, err_ty)) = (event?, results?);
     Some(Handler {
-        consumer: args.consumer.as_ref(),
-        event_ty: &event.ty,
+        event_ty: batch.map_or(&event.ty, |(event, _)| event),
         ok_ty,
         err_ty,
-        envelope: envelope.is_some(),
+        envelope: envelope.is_some() && batch.is_none(),
+        batch: batch.map(|(_, batch)| batch),
         callable: signature_errors == 0,
         method: sig.receiver().is_some(),
     })
 }
 
-/// The handler's signature: `name<C>(db: &C, message: &OutboxEvent) -> Result<InboxOutcome<T>,
-/// InboxError<E>>`, with the user's docs, `cfg`s and lint levels.
+/// The handler's signature, what `Consumer::on` (or `on_batch`) takes: `name(received: Received<E>) ->
+/// Result<InboxOutcome<T>, InboxError<Err>>`, or `name(batch: Vec<Received<E>>) ->
+/// Result<Vec<InboxOutcome<()>>, InboxError<Err>>`, with the user's docs, `cfg`s and lint levels.
 fn handler_signature(function: &ItemFn, handler: &Handler<'_>, private: &TokenStream) -> TokenStream {
     let attrs = function.attrs.iter().filter(|a| is_handler_attr(a));
     let vis = &function.vis;
     let name = &function.sig.ident;
-    let (ok_ty, err_ty) = (handler.ok_ty, handler.err_ty);
+    let (event_ty, ok_ty, err_ty) = (handler.event_ty, handler.ok_ty, handler.err_ty);
+    let (input, output) = match handler.batch {
+        None => (quote!(received: #private::Received<#event_ty>), quote!(#private::InboxOutcome<#ok_ty>)),
+        Some(_) => (
+            quote!(received: ::std::vec::Vec<#private::Received<#event_ty>>),
+            quote!(::std::vec::Vec<#private::InboxOutcome<()>>),
+        ),
+    };
     quote! {
         #(#attrs)*
-        #vis async fn #name<__C>(
-            db: &__C,
-            message: &#private::OutboxEvent,
-        ) -> ::std::result::Result<#private::InboxOutcome<#ok_ty>, #private::InboxError<#err_ty>>
-        where
-            __C: #private::OutboxConnection + ?::core::marker::Sized,
+        #vis async fn #name(#input) -> ::std::result::Result<#output, #private::InboxError<#err_ty>>
     }
 }
 
@@ -214,18 +262,35 @@ fn generate(function: &ItemFn, handler: &Handler<'_>) -> TokenStream {
     let user_function = user_function(function);
     let name = &function.sig.ident;
     let event_ty = handler.event_ty;
-    // Only reached with an error already reported when the consumer is missing.
-    let consumer = handler.consumer.map_or_else(|| quote!(""), |c| quote!(#c));
-    let call_args = if handler.envelope { quote!(txn, event, message) } else { quote!(txn, event) };
     let assert_event = quote_spanned!(event_ty.span()=> #private::assert_domain_event::<#event_ty>(););
+    let body = match handler.batch {
+        None => {
+            let call_args = if handler.envelope { quote!(txn, event, message) } else { quote!(txn, event) };
+            quote! {
+                let #private::Received { event, envelope, consumer, .. } = received;
+                let message = &envelope;
+                #private::handle_received(&consumer, message, async move |txn| #name(#call_args).await).await
+            }
+        }
+        Some(batch) => {
+            let events = match batch {
+                Batch::Received => quote!(fresh),
+                Batch::Events => quote!(fresh.into_iter().map(|received| received.event).collect()),
+            };
+            quote! {
+                #private::handle_received_batch(received, async move |txn, fresh| {
+                    #name(txn, #events).await.map(|_| ())
+                })
+                .await
+            }
+        }
+    };
     quote! {
         #signature
         {
             #assert_event
             #user_function
-            let event = <#event_ty as #private::DomainEvent>::from_envelope(message)?;
-            let message_id = message.id.to_string();
-            #private::handle_once(db, #consumer, &message_id, async move |txn| #name(#call_args).await).await
+            #body
         }
     }
 }
@@ -244,7 +309,7 @@ fn fallback(function: &ItemFn, handler: &Handler<'_>) -> TokenStream {
         #signature
         {
             #user_function
-            let _ = (db, message);
+            let _ = received;
             ::std::unreachable!("`#[idempotent_handler]` failed to compile")
         }
     }

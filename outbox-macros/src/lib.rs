@@ -11,8 +11,8 @@
 //!   struct), so `events.lock` locks its fields too.
 //! - [`transactional_outbox`](macro@transactional_outbox): runs a service method in a transaction and writes
 //!   the events it `emit!`s in that transaction.
-//! - [`idempotent_handler`](macro@idempotent_handler): wraps a consumer in inbox de-duplication, in one
-//!   transaction with its effect.
+//! - [`idempotent_handler`](macro@idempotent_handler): a consumer's handler, registered as written
+//!   (`.on(bill)`), with inbox de-duplication in one transaction with its effect.
 //!
 //! Each macro parses, validates, then expands. On an error it still emits what keeps the rest of the
 //! user's code compiling, so one mistake is one error: the derives a stub `DomainEvent` / `PayloadSchema`
@@ -173,15 +173,49 @@ pub fn transactional_outbox(args: TokenStream, item: TokenStream) -> TokenStream
     transactional::expand(args.into(), item.into()).into()
 }
 
-/// Turns `async fn name(txn: &DatabaseTransaction, event: E) -> Result<T, Err>` into
-/// `async fn name(db, message: &OutboxEvent) -> Result<InboxOutcome<T>, InboxError<Err>>` that decodes (and
-/// upcasts) the message, records it in the inbox and runs the body in one transaction. An optional third
-/// parameter, `envelope: &OutboxEvent`, gives the body the event's id, time, headers and aggregate version.
+/// Makes `async fn name(txn: &DatabaseTransaction, event: E) -> Result<T, Err>` the handler a consumer
+/// registers as it is written, `Consumer::new("billing").on(name)`: for each message, the consumer hands
+/// over the decoded (and upcast) event and its own name, and the handler records the message in the inbox
+/// (keyed by consumer and event id) and runs the body, in one transaction on the consumer's database (the
+/// pool of its `.with_group_commit(SeaOrmGroupCommit::new(db))`; inside a group, the group's transaction).
+/// A duplicate returns `InboxOutcome::Duplicate` without running the body. The body runs as the task's
+/// outbox transaction: a `#[transactional_outbox]` call it makes on the same pool joins it, so that
+/// service's rows and events commit with the inbox row.
 ///
-/// `#[idempotent_handler(consumer = "billing")]`. A duplicate returns `InboxOutcome::Duplicate` without
-/// running the body; an unknown event type or version is an error and records nothing. The body runs as
-/// the task's outbox transaction: a `#[transactional_outbox]` call it makes on the same pool joins it, so
-/// that service's rows and events commit with the inbox row.
+/// - An optional third parameter, `envelope: &OutboxEvent`, gives the body the event's id, time, headers
+///   and aggregate version.
+/// - `events: Vec<E>` (or `Vec<Received<E>>`, with each envelope) instead of `event: E` takes several at
+///   once, for `.on_batch(name)`: the body gets the events the inbox had not seen, and writes their effects
+///   in one statement if it likes; its `Ok` value is dropped.
+/// - The attribute takes no arguments: the consumer is named once, by `Consumer::new`.
+/// - Outside a consumer (a test, a hand-written loop), `outbox_seaorm::deliver(&db, "billing", &message,
+///   name)` calls it for one message.
+///
+/// ```ignore
+/// #[idempotent_handler]
+/// async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
+///     invoice::ActiveModel { order_id: Set(event.order_id), ..Default::default() }.insert(txn).await?;
+///     Ok(())
+/// }
+///
+/// let billing = Consumer::new("billing").with_group_commit(SeaOrmGroupCommit::new(db)).on(bill);
+/// ```
+///
+/// What it expands to, written by hand:
+///
+/// ```ignore
+/// async fn bill(received: Received<OrderPlaced>) -> Result<InboxOutcome<()>, InboxError<DbErr>> {
+///     let Received { event, envelope, consumer, .. } = received;
+///     // The consumer's database: set by its group commit around every handler call.
+///     outbox_seaorm::handle_once(&consumer_db, &consumer, &envelope.id.to_string(), async |txn| {
+///         /* the body, with `txn` and `event` */
+///     })
+///     .await
+/// }
+/// ```
+///
+/// A consumer given no database cannot record: its `run` stops at the first message with
+/// `Error::InvalidConfig` saying what to add, and nothing is acked or dead-lettered.
 ///
 /// The function as written stays inside the handler under its own name, with its attributes: an attribute
 /// macro such as `#[tracing::instrument(skip(txn))]` sees the function's own parameters. Docs, `#[cfg]`,

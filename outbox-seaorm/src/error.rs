@@ -28,7 +28,8 @@ pub enum InboxError<E> {
     /// The effect returned an error.
     #[error("effect failed: {0}")]
     Effect(#[source] E),
-    /// The inbox itself failed (invalid consumer or message id, database error).
-    #[error(transparent)]
+    /// The inbox itself failed (invalid consumer or message id, database error, a handler with no
+    /// database). The runtime's error is its source, so a consumer finds a configuration error in it.
+    #[error("{0}")]
     Outbox(#[from] Error),
 }

@@ -5,9 +5,9 @@ use std::collections::HashSet;
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, Statement};
 
-use outbox_runtime::consume::{GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
+use outbox_runtime::consume::{AloneCall, GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
 use outbox_runtime::limits::{MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
-use outbox_runtime::{InboxOutcome, Received};
+use outbox_runtime::{DomainEvent, Error, InboxOutcome, OutboxEvent, Received};
 use sea_orm::DatabaseConnection;
 
 use crate::OutboxConnection;
@@ -148,6 +148,90 @@ where
     Ok(new.into_iter().map(|new| if new { InboxOutcome::Processed(()) } else { InboxOutcome::Duplicate }).collect())
 }
 
+tokio::task_local! {
+    /// The pool of the consumer whose handler runs in this task: where an `#[idempotent_handler]` records
+    /// its message (set by [`SeaOrmGroupCommit`] around every handler call, and by [`deliver`]).
+    static HANDLER_DB: DatabaseConnection;
+}
+
+/// Calls a handler the way a consumer calls it, for one message: decoded (and upcast) for `consumer`,
+/// with `db` as the database of its inbox write. For tests and hand-written loops; a [`Consumer`] with a
+/// [`SeaOrmGroupCommit`] does this itself for every message.
+///
+/// ```no_run
+/// # use outbox_seaorm::prelude::*;
+/// # use sea_orm::{DatabaseConnection, DatabaseTransaction, DbErr};
+/// # #[derive(DomainEvent, Clone, Debug, serde::Serialize, serde::Deserialize)]
+/// # #[domain_event(name = "order.placed", version = 1, aggregate = "order")]
+/// # struct OrderPlaced { #[aggregate_id] order_id: String }
+/// #[idempotent_handler]
+/// async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
+///     Ok(())
+/// }
+///
+/// # async fn demo(db: &DatabaseConnection, message: &outbox_seaorm::OutboxEvent) -> Result<(), Box<dyn std::error::Error>> {
+/// let outcome = outbox_seaorm::deliver(db, "billing", message, bill).await?;
+/// assert_eq!(outcome, InboxOutcome::Processed(()));
+/// # Ok(()) }
+/// ```
+///
+/// [`Consumer`]: outbox_runtime::Consumer
+pub async fn deliver<E, H, Fut, O, Err>(
+    db: &DatabaseConnection,
+    consumer: &str,
+    message: &OutboxEvent,
+    handler: H,
+) -> Result<O, InboxError<Err>>
+where
+    E: DomainEvent,
+    H: FnOnce(Received<E>) -> Fut,
+    Fut: std::future::Future<Output = Result<O, InboxError<Err>>>,
+{
+    let received = Received::decode(consumer, message.clone(), 1)?;
+    HANDLER_DB.scope(db.clone(), handler(received)).await
+}
+
+/// The pool the running handler records its message in; an error that stops the consumer when there is
+/// none.
+pub(crate) fn handler_db(consumer: &str, event_type: &str) -> Result<DatabaseConnection, Error> {
+    HANDLER_DB.try_with(DatabaseConnection::clone).map_err(|_| {
+        Error::invalid_config(
+            "group_commit",
+            format!(
+                "the `#[idempotent_handler]` of `{event_type}` records its messages in its consumer's database, and consumer `{consumer}` was given none: build it with `.with_group_commit(SeaOrmGroupCommit::new(db))` (outside a consumer, call the handler through `outbox_seaorm::deliver`)"
+            ),
+        )
+    })
+}
+
+/// What an `#[idempotent_handler]` runs for one message: [`handle_once`] on its consumer's database.
+pub async fn handle_received<F, T, E>(
+    consumer: &str,
+    message: &OutboxEvent,
+    effect: F,
+) -> Result<InboxOutcome<T>, InboxError<E>>
+where
+    F: for<'t> AsyncFnOnce(&'t DatabaseTransaction) -> Result<T, E>,
+{
+    let db = handler_db(consumer, &message.event_type)?;
+    handle_once(&db, consumer, &message.id.to_string(), effect).await
+}
+
+/// What an `#[idempotent_handler]` taking several events runs: [`handle_batch_once`] on its consumer's
+/// database.
+pub async fn handle_received_batch<E, F, Err>(
+    batch: Vec<Received<E>>,
+    effect: F,
+) -> Result<Vec<InboxOutcome<()>>, InboxError<Err>>
+where
+    F: for<'t> AsyncFnOnce(&'t DatabaseTransaction, Vec<Received<E>>) -> Result<(), Err>,
+{
+    let Some(first) = batch.first() else { return Ok(Vec::new()) };
+    let consumer = std::sync::Arc::clone(&first.consumer);
+    let db = handler_db(&consumer, &first.envelope.event_type)?;
+    handle_batch_once(&db, &consumer, batch, effect).await
+}
+
 /// Group commit on a SeaORM pool, for [`Consumer::with_group_commit`](outbox_runtime::Consumer::with_group_commit):
 /// the handlers of a group run inside one transaction on `db`, and every [`handle_once`] (or
 /// `#[idempotent_handler]`, `#[transactional_outbox]` call) they make on the same pool joins it. One
@@ -168,7 +252,7 @@ where
 /// ```no_run
 /// # use outbox_seaorm::{Consumer, SeaOrmGroupCommit};
 /// # fn demo(db: sea_orm::DatabaseConnection) -> outbox_seaorm::Result<Consumer> {
-/// let consumer = Consumer::new("billing")?.with_group_commit(SeaOrmGroupCommit::new(db.clone()));
+/// let consumer = Consumer::new("billing").with_group_commit(SeaOrmGroupCommit::new(db.clone()));
 /// # Ok(consumer) }
 /// ```
 ///
@@ -209,7 +293,7 @@ impl GroupCommit for SeaOrmGroupCommit {
                     }
                 }
             }
-            let ran = unit.scope(calls).await && !unit.spoiled();
+            let ran = unit.scope(HANDLER_DB.scope(self.db.clone(), calls)).await && !unit.spoiled();
             let unclaimed = unit.own_group().map(|group| group.inbox().unclaimed()).unwrap_or_default();
             if ran && !unclaimed.is_empty() {
                 let forget = key_statement(backend, "DELETE FROM", &keys.consumer, &unclaimed);
@@ -226,6 +310,9 @@ impl GroupCommit for SeaOrmGroupCommit {
                 Ok(false)
             }
         })
+    }
+    fn run_alone<'a>(&'a self, call: AloneCall<'a>) -> AloneCall<'a> {
+        Box::pin(HANDLER_DB.scope(self.db.clone(), call))
     }
 }
 

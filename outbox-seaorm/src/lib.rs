@@ -8,8 +8,8 @@
 //! that applies each event once, and a relay (README.md has the whole app, with a broker; docs/ is the guide):
 //! ```no_run
 //! use outbox_seaorm::{
-//!     DomainEvent, InMemoryPublisher, Relay, RelayConfig, SeaOrmStore, emit, idempotent_handler,
-//!     transactional_outbox,
+//!     Consumer, DomainEvent, InMemoryPublisher, Relay, RelayConfig, SeaOrmGroupCommit, SeaOrmStore, emit,
+//!     idempotent_handler, transactional_outbox,
 //! };
 //! use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 //! use serde::{Deserialize, Serialize};
@@ -37,7 +37,7 @@
 //! }
 //!
 //! /// Runs once per event, in one transaction with the inbox row that marks it handled.
-//! #[idempotent_handler(consumer = "billing")]
+//! #[idempotent_handler]
 //! async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
 //!     txn.execute_unprepared("INSERT INTO invoices (order_id) VALUES ('o1')").await?;
 //!     Ok(())
@@ -51,6 +51,10 @@
 //! // Elsewhere (`OutboxService` in an app, `outbox relay` as a process): publish, at least once.
 //! let relay = Relay::new(SeaOrmStore::new(db.clone()), InMemoryPublisher::new(), RelayConfig::default())?;
 //! relay.run_once().await?;
+//!
+//! // The consumer, named once, registers the handler as written; `run` it on a broker's transport.
+//! let billing = Consumer::new("billing").with_group_commit(SeaOrmGroupCommit::new(db)).on(bill);
+//! # let _ = billing;
 //! # Ok(()) }
 //! ```
 //!
@@ -116,7 +120,7 @@ pub use connect::{DEFAULT_CONNECT_TIMEOUT, SUPPORTED_SCHEMES, connect, connect_w
 pub use connection::OutboxConnection;
 pub use enqueue::{enqueue, enqueue_all};
 pub use error::{InboxError, backend_name, store_error};
-pub use inbox::{SeaOrmGroupCommit, handle_batch_once, handle_once};
+pub use inbox::{SeaOrmGroupCommit, deliver, handle_batch_once, handle_once};
 #[cfg(feature = "migrations")]
 pub use migration::{MIGRATE_LOCK_WAIT, Migrator, migrate, migrations};
 pub use store::SeaOrmStore;
@@ -182,6 +186,6 @@ macro_rules! emit {
 pub mod prelude {
     pub use crate::{
         Consumer, ConsumerConfig, DomainEvent, InboxOutcome, NewEvent, PayloadSchema, Received, Relay, RelayConfig,
-        SeaOrmStore, emit, idempotent_handler, transactional_outbox,
+        SeaOrmGroupCommit, SeaOrmStore, emit, idempotent_handler, transactional_outbox,
     };
 }

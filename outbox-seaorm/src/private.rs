@@ -2,13 +2,13 @@
 
 use std::marker::PhantomData;
 
-pub use outbox_runtime::{DomainEvent, EventSchema, FieldSchema, InboxOutcome, OutboxEvent};
+pub use outbox_runtime::{DomainEvent, EventSchema, FieldSchema, InboxOutcome, OutboxEvent, Received};
 pub use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 pub use serde_json;
 
 pub use crate::OutboxConnection;
 pub use crate::error::InboxError;
-pub use crate::inbox::handle_once;
+pub use crate::inbox::{handle_once, handle_received, handle_received_batch};
 pub use crate::transaction::{Reader, Unit};
 
 use crate::transaction::into_db_err;

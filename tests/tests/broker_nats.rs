@@ -22,7 +22,9 @@ use outbox_seaorm::brokers::nats::async_nats::{HeaderMap, HeaderValue};
 use outbox_seaorm::brokers::nats::{NatsPublisher, NatsTransport, NatsTransportOptions};
 use outbox_seaorm::consume::Transport;
 use outbox_seaorm::prelude::*;
-use outbox_seaorm::{Consumer, ConsumerConfig, Destination, Error, OutboxEvent, PublishError, Publisher, Received};
+use outbox_seaorm::{
+    Consumer, ConsumerConfig, Destination, Error, OutboxEvent, PublishError, Publisher, Received, SeaOrmGroupCommit,
+};
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
 use serde::{Deserialize, Serialize};
 
@@ -40,7 +42,7 @@ struct ItemCounted {
 
 /// The consumer's effect: one `nats_effects` row per applied event (no unique key: only the inbox keeps
 /// a redelivery from applying twice).
-#[idempotent_handler(consumer = "nats_counter")]
+#[idempotent_handler]
 async fn count_item(txn: &DatabaseTransaction, event: ItemCounted) -> Result<u64, DbErr> {
     let sql = format!("INSERT INTO nats_effects (item, n) VALUES ('{}', {})", event.item, event.n);
     txn.execute_unprepared(&sql).await?;
@@ -52,15 +54,11 @@ async fn create_effects_table(t: &TestDb) {
     t.db.execute_unprepared(sql).await.unwrap_or_else(|e| panic!("{t}: {sql}: {e}"));
 }
 
-/// A consumer running `count_item` on every `ItemCounted`.
+/// A consumer running `count_item` on every `ItemCounted`, registered as written, in groups on the test's
+/// database.
 fn counting(t: &TestDb) -> Consumer {
-    let db = t.db.clone();
-    let handler = move |received: Received<ItemCounted>| {
-        let db = db.clone();
-        async move { count_item(&db, &received.envelope).await }
-    };
     let config = ConsumerConfig::default().with_fetch_wait(Duration::from_millis(300));
-    Consumer::new(CONSUMER).expect("name").with_config(config).on::<ItemCounted>(handler)
+    Consumer::new(CONSUMER).with_config(config).with_group_commit(SeaOrmGroupCommit::new(t.db.clone())).on(count_item)
 }
 
 fn item_event(item: &str, n: u64) -> NewEvent {
@@ -171,10 +169,10 @@ async fn a_message_is_acked_only_after_the_handler_committed() {
         let (db, held) = (db.clone(), held.clone());
         async move {
             held.acquire().await.expect("gate").forget();
-            count_item(&db, &received.envelope).await
+            outbox_seaorm::deliver(&db, CONSUMER, &received.envelope, count_item).await
         }
     };
-    let consumer = Consumer::new(CONSUMER).unwrap().on::<ItemCounted>(handler);
+    let consumer = Consumer::new(CONSUMER).on::<ItemCounted>(handler);
     // An ack_wait of 6 s, kept alive every 2 s: a keep-alive may come 4 s late on a loaded machine before
     // the server would redeliver (with 2 s, a 1.3 s stall was enough).
     let ack_wait = Duration::from_secs(6);

@@ -33,7 +33,7 @@ struct ParcelShipped {
 
 /// The consumer's effect: one `parcels_shipped` row per event, deliberately without a unique key, so only
 /// the inbox keeps a redelivered event from shipping twice.
-#[idempotent_handler(consumer = "rmq-shipping")]
+#[idempotent_handler]
 async fn ship(txn: &DatabaseTransaction, event: ParcelShipped) -> Result<u64, DbErr> {
     let sql = format!("INSERT INTO parcels_shipped (parcel_id, n) VALUES ('{}', {})", event.parcel_id, event.n);
     txn.execute_unprepared(&sql).await?;
@@ -55,12 +55,10 @@ fn shipping(db: &DatabaseConnection) -> Consumer {
     let config = ConsumerConfig::default()
         .with_backoff(Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200), multiplier: 2 })
         .with_fetch_wait(Duration::from_millis(200));
-    Consumer::new(CONSUMER).expect("name").with_config(config).on::<ParcelShipped>(
-        move |received: Received<ParcelShipped>| {
-            let db = db.clone();
-            async move { ship(&db, &received.envelope).await }
-        },
-    )
+    Consumer::new(CONSUMER).with_config(config).on::<ParcelShipped>(move |received: Received<ParcelShipped>| {
+        let db = db.clone();
+        async move { outbox_seaorm::deliver(&db, CONSUMER, &received.envelope, ship).await }
+    })
 }
 
 /// Waits until `done()` holds, panicking with `what` after `timeout`.
@@ -381,17 +379,18 @@ async fn on_a_quorum_queue_the_consumers_and_the_delivery_limits_dead_letters_me
         .with_backoff(Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(100), multiplier: 2 })
         .with_fetch_wait(Duration::from_millis(200))
         .with_max_deliveries(MAX_DELIVERIES);
-    let poisoned = Consumer::new(CONSUMER).expect("name").with_config(config).on::<ParcelShipped>(
-        move |received: Received<ParcelShipped>| {
+    let poisoned =
+        Consumer::new(CONSUMER).with_config(config).on::<ParcelShipped>(move |received: Received<ParcelShipped>| {
             let db = db.clone();
             async move {
                 if received.event.parcel_id == "q2" {
                     return Err("q2 cannot be shipped".into());
                 }
-                ship(&db, &received.envelope).await.map_err(outbox_seaorm::BoxError::from)
+                outbox_seaorm::deliver(&db, CONSUMER, &received.envelope, ship)
+                    .await
+                    .map_err(outbox_seaorm::BoxError::from)
             }
-        },
-    );
+        });
     let transport = RabbitTransport::connect(AMQP_URL, &queue, "rmq-quorum").await.expect("transport on quorum queues");
     let running = Running::start(poisoned, transport);
     wait_until("q2 dead-lettered", Duration::from_secs(30), || running.stats().dead_lettered >= 1).await;

@@ -38,7 +38,7 @@ struct ParcelShipped {
 
 /// The consumer's effect: one invoice row per shipped parcel event (the `invoices` table has no unique key,
 /// so only the inbox keeps a duplicate from adding a second row).
-#[idempotent_handler(consumer = "redis-shipping")]
+#[idempotent_handler]
 async fn record_shipment(txn: &DatabaseTransaction, event: ParcelShipped) -> Result<(), DbErr> {
     let n = i64::try_from(event.n).expect("n fits");
     insert_invoice(txn, &event.parcel_id, n).await
@@ -59,10 +59,10 @@ fn shipping(t: &TestDb, gate: Option<Arc<tokio::sync::Semaphore>>) -> Consumer {
             if let Some(gate) = gate {
                 gate.acquire().await.expect("gate").forget();
             }
-            record_shipment(&db, &received.envelope).await
+            outbox_seaorm::deliver(&db, CONSUMER, &received.envelope, record_shipment).await
         }
     };
-    Consumer::new(CONSUMER).expect("name").with_config(consumer_config()).on::<ParcelShipped>(handler)
+    Consumer::new(CONSUMER).with_config(consumer_config()).on::<ParcelShipped>(handler)
 }
 
 fn shipped(parcel: &str, n: u64) -> NewEvent {
@@ -289,9 +289,9 @@ async fn bad_entries_are_dead_lettered_once_with_their_fields_while_later_entrie
     let db = t.db.clone();
     let handler = move |received: Received<ParcelShipped>| {
         let db = db.clone();
-        async move { record_shipment(&db, &received.envelope).await }
+        async move { outbox_seaorm::deliver(&db, CONSUMER, &received.envelope, record_shipment).await }
     };
-    let consumer_app = Consumer::new(CONSUMER).unwrap().with_config(config).on::<ParcelShipped>(handler);
+    let consumer_app = Consumer::new(CONSUMER).with_config(config).on::<ParcelShipped>(handler);
     let running = Running::start(consumer_app, consumer);
     wait_for_invoices(&t, 5).await;
     eventually(Duration::from_secs(30), "everything acked", async || pending(&stream, "shipping").await == 0).await;

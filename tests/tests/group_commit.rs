@@ -17,7 +17,7 @@ use outbox_integration_tests::contract::{Running, eventually};
 use outbox_integration_tests::{Backend, TestDb, count_inbox, run_on};
 use outbox_seaorm::consume::{DeadLetter, Delivery, Transport};
 use outbox_seaorm::prelude::*;
-use outbox_seaorm::{ConsumerConfig, Handled, InMemoryPublisher, InboxOutcome, Received, SeaOrmGroupCommit};
+use outbox_seaorm::{Consumer, ConsumerConfig, Handled, InMemoryPublisher, InboxOutcome, Received, SeaOrmGroupCommit};
 use sea_orm::{ConnectionTrait as _, DbErr};
 use serde::{Deserialize, Serialize};
 
@@ -164,7 +164,6 @@ fn billing_recording_as(
     };
     let config = ConsumerConfig::default().with_fetch_wait(Duration::from_millis(50)).with_group_size(32);
     Consumer::new(CONSUMER)
-        .expect("name")
         .with_config(config)
         .with_group_commit(SeaOrmGroupCommit::new(t.db.clone()))
         .on::<OrderBilled>(handler)
@@ -306,7 +305,7 @@ fn received(queue: &Queue) -> Vec<Received<OrderBilled>> {
         .iter()
         .map(|(_, d)| {
             let envelope = outbox_seaorm::broker::decode_message(&d.headers, &d.payload).expect("an envelope");
-            Received { event: OrderBilled::from_envelope(&envelope).expect("an event"), envelope, delivery: 1 }
+            Received::decode(CONSUMER, envelope, 1).expect("an event")
         })
         .collect()
 }
@@ -368,7 +367,7 @@ async fn a_batch_larger_than_one_inbox_statement_is_recorded_whole(t: TestDb) {
             let event = OrderBilled { order_id: format!("o{i}"), total_minor: 100 };
             let new = event.to_new_event().expect("event");
             let envelope = outbox_seaorm::testkit::outbox_event(&new, i + 1, 1);
-            Received { event, envelope, delivery: 1 }
+            Received { event, envelope, delivery: 1, consumer: CONSUMER.into() }
         })
         .collect();
     let outcomes = outbox_seaorm::handle_batch_once(&t.db, CONSUMER, batch.clone(), async |txn, new| {
@@ -409,7 +408,6 @@ async fn a_batch_handler_in_groups_applies_each_message_once(t: TestDb) {
     let calls = std::sync::Arc::new(Mutex::new(Vec::new()));
     let (db, sizes) = (t.db.clone(), calls.clone());
     let consumer = Consumer::new(CONSUMER)
-        .expect("name")
         .with_config(ConsumerConfig::default().with_fetch_wait(Duration::from_millis(50)).with_group_size(32))
         .with_group_commit(SeaOrmGroupCommit::new(t.db.clone()))
         .on_batch::<OrderBilled>(move |batch: Vec<Received<OrderBilled>>| {
@@ -433,6 +431,107 @@ async fn a_batch_handler_in_groups_applies_each_message_once(t: TestDb) {
     assert!(calls.lock().expect("calls").iter().any(|&n| n > 1), "{t}: several messages per call");
 }
 
+/// Decodes of a `total_minor` so far: what "each message is decoded once" counts.
+static DECODES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn counted_decode<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    DECODES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    i64::deserialize(deserializer)
+}
+
+/// An order charged: decoding it counts in [`DECODES`].
+#[derive(DomainEvent, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[domain_event(name = "order.charged", version = 1, aggregate = "order")]
+struct OrderCharged {
+    #[aggregate_id]
+    order_id: String,
+    #[serde(deserialize_with = "counted_decode")]
+    total_minor: i64,
+}
+
+/// The handler as an app writes it; the consumer registers it with `.on(charge)`.
+#[idempotent_handler]
+async fn charge(txn: &sea_orm::DatabaseTransaction, event: OrderCharged) -> Result<(), DbErr> {
+    insert_invoice(txn, &event.order_id, event.total_minor).await
+}
+
+/// Its batch form, registered with `.on_batch(charge_all)`: one statement for the new events of a batch.
+#[idempotent_handler]
+async fn charge_all(txn: &sea_orm::DatabaseTransaction, events: Vec<OrderCharged>) -> Result<(), DbErr> {
+    let rows: Vec<String> = events.iter().map(|e| format!("('{}', {})", e.order_id, e.total_minor)).collect();
+    txn.execute_unprepared(&format!("INSERT INTO invoices (order_id, total_minor) VALUES {}", rows.join(", "))).await?;
+    Ok(())
+}
+
+/// 20 `order.charged` messages, each delivered twice.
+async fn charged_twice(t: &TestDb) -> Queue {
+    let events: Vec<NewEvent> = (0..20)
+        .map(|i| OrderCharged { order_id: format!("c{i}"), total_minor: 100 }.to_new_event().expect("event"))
+        .collect();
+    let queue = Queue::of(t, &events).await;
+    {
+        let mut messages = queue.messages.lock().expect("queue");
+        let again: Vec<_> = messages
+            .iter()
+            .map(|(r, d)| {
+                let (headers, payload, origin) = (d.headers.clone(), d.payload.clone(), d.origin.clone());
+                (r + 1000, Delivery { headers, payload, origin, deliveries: 2, receipt: r + 1000 })
+            })
+            .collect();
+        messages.extend(again);
+    }
+    queue
+}
+
+/// Handlers registered as they are written (`.on(charge)`, `.on_batch(charge_all)`), the consumer named
+/// once: in groups, alone (`group_size` 1) and batched, 20 events delivered twice give 20 invoices, 20
+/// inbox rows under the consumer's name, 20 duplicates, and one decode per delivery.
+async fn handlers_registered_as_written_apply_each_event_once(t: TestDb) {
+    create_shop_tables(&t).await;
+    let ways: [(&str, usize, bool); 3] =
+        [("charging-grouped", 32, false), ("charging-alone", 1, false), ("charging-batched", 32, true)];
+    for (name, group_size, batched) in ways {
+        t.db.execute_unprepared("DELETE FROM invoices").await.expect("clear invoices");
+        let queue = charged_twice(&t).await;
+        let config = ConsumerConfig::default().with_fetch_wait(Duration::from_millis(50)).with_group_size(group_size);
+        let consumer = Consumer::new(name).with_config(config).with_group_commit(SeaOrmGroupCommit::new(t.db.clone()));
+        let consumer = if batched { consumer.on_batch(charge_all) } else { consumer.on(charge) };
+        DECODES.store(0, std::sync::atomic::Ordering::SeqCst);
+        let running = Running::start(consumer, queue);
+        eventually(Duration::from_secs(60), &format!("{t}: {name}: 40 handled"), async || {
+            let stats = running.stats();
+            stats.processed + stats.duplicates >= 40
+        })
+        .await;
+        let stats = running.stop().await;
+        assert_eq!((stats.processed, stats.duplicates), (20, 20), "{t}: {name}: {stats:?}");
+        assert_eq!(count_table(&t, "invoices").await, 20, "{t}: {name}: one invoice per event");
+        assert_eq!(count_inbox(&t, name).await, 20, "{t}: {name}: recorded under the consumer's one name");
+        let decodes = DECODES.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(decodes, 40 + 2 * stats.group_rollbacks as usize, "{t}: {name}: one decode per delivery");
+    }
+}
+
+/// A handler registered on a consumer given no database has nowhere to record its messages: the consumer
+/// stops with a configuration error that says what to add, and nothing is applied, acked or
+/// dead-lettered (the queue panics on a dead letter).
+async fn a_handler_without_a_database_stops_its_consumer_with_what_to_add(t: TestDb) {
+    create_shop_tables(&t).await;
+    let queue = charged_twice(&t).await;
+    let config = ConsumerConfig::default().with_fetch_wait(Duration::from_millis(50));
+    let consumer = Consumer::new("charging-nowhere").with_config(config).on(charge);
+    let run = consumer.run(&queue, outbox_seaorm::CancellationToken::new());
+    let error = tokio::time::timeout(Duration::from_secs(120), run).await.expect("the consumer stops").unwrap_err();
+    assert!(matches!(error, outbox_seaorm::Error::InvalidConfig { field: "handler", .. }), "{t}: {error}");
+    assert!(error.to_string().contains("with_group_commit(SeaOrmGroupCommit::new(db))"), "{t}: {error}");
+    assert!(queue.acked.lock().expect("acked").is_empty(), "{t}: nothing acked");
+    assert_eq!(consumer.stats().retried, 0, "{t}: not retried: {:?}", consumer.stats());
+    assert_eq!(count_table(&t, "invoices").await, 0, "{t}");
+    assert_eq!(count_inbox(&t, "charging-nowhere").await, 0, "{t}");
+}
+
+outbox_integration_tests::per_backend!(handlers_registered_as_written_apply_each_event_once, "as_written");
+outbox_integration_tests::per_backend!(a_handler_without_a_database_stops_its_consumer_with_what_to_add, "no_inbox_db");
 outbox_integration_tests::per_backend!(a_batch_effect_runs_once_for_the_new_messages_only, "batch_once");
 outbox_integration_tests::per_backend!(a_batch_handler_in_groups_applies_each_message_once, "batch_groups");
 outbox_integration_tests::per_backend!(a_batch_larger_than_one_inbox_statement_is_recorded_whole, "batch_large");

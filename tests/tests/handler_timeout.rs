@@ -67,7 +67,7 @@ fn shipping(
     };
     let config: ConsumerConfig =
         outbox_integration_tests::contract::fast_config().with_handler_timeout(HANDLER_TIMEOUT).with_max_deliveries(10);
-    Consumer::new(CONSUMER).expect("name").with_config(config).on::<ParcelShipped>(handler)
+    Consumer::new(CONSUMER).with_config(config).on::<ParcelShipped>(handler)
 }
 
 fn shipped(parcel: &str, n: i64) -> NewEvent {

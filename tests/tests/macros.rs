@@ -100,14 +100,14 @@ async fn retry_with_good_order(db: &DatabaseConnection) -> Result<(), ShopError>
     Orders.place(db, "good", 700).await
 }
 
-#[idempotent_handler(consumer = "billing")]
+#[idempotent_handler]
 async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<i64, DbErr> {
     insert_invoice(txn, &event.order_id, event.total_minor).await?;
     Ok(event.total_minor)
 }
 
 /// A handler that reads the envelope: the invoice row is keyed by the event id it came in.
-#[idempotent_handler(consumer = "audit")]
+#[idempotent_handler]
 async fn audit(txn: &DatabaseTransaction, event: OrderPlaced, envelope: &OutboxEvent) -> Result<String, DbErr> {
     insert_invoice(txn, &envelope.id.to_string(), event.total_minor).await?;
     Ok(envelope.headers.get("tenant").cloned().unwrap_or_default())
@@ -179,9 +179,11 @@ async fn a_handler_run_twice_applies_its_effect_once(t: TestDb) {
     Orders.place(&t.db, "o1", 4900).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     let messages = published(&t).await;
     assert_eq!(messages.len(), 1, "{t}");
-    let first = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let first =
+        outbox_seaorm::deliver(&t.db, "billing", &messages[0], bill).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     assert_eq!(first, InboxOutcome::Processed(4900), "{t}");
-    let again = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let again =
+        outbox_seaorm::deliver(&t.db, "billing", &messages[0], bill).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     assert_eq!(again, InboxOutcome::Duplicate, "{t}");
     assert_eq!(count_table(&t, "invoices").await, 1, "{t}");
     assert_eq!(count_inbox(&t, "billing").await, 1, "{t}");
@@ -196,7 +198,8 @@ async fn an_old_version_payload_is_upcast_by_the_handler(t: TestDb) {
         .unwrap();
     outbox_seaorm::enqueue(&t.db, &v1).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     let messages = published(&t).await;
-    let outcome = bill(&t.db, &messages[0]).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let outcome =
+        outbox_seaorm::deliver(&t.db, "billing", &messages[0], bill).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     assert_eq!(outcome, InboxOutcome::Processed(700), "{t}: v1 total 7 became 700 minor units");
     assert_eq!(invoice_total(&t).await, 700, "{t}");
 }
@@ -221,7 +224,7 @@ async fn unknown_types_and_newer_versions_are_errors_that_record_nothing(t: Test
     let errors: Vec<_> = {
         let mut errors = Vec::new();
         for m in &messages {
-            errors.push(bill(&t.db, m).await.expect_err("must not be processed"));
+            errors.push(outbox_seaorm::deliver(&t.db, "billing", m, bill).await.expect_err("must not be processed"));
         }
         errors
     };
@@ -283,9 +286,13 @@ async fn a_handler_can_read_the_envelope(t: TestDb) {
     let event = placed.to_new_event().expect("event").with_header("tenant", "acme").expect("header");
     outbox_seaorm::enqueue(&t.db, &event).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     let message = published(&t).await.pop().unwrap_or_else(|| panic!("{t}: nothing published"));
-    let outcome = audit(&t.db, &message).await.unwrap_or_else(|e| panic!("{t}: {e}"));
+    let outcome = outbox_seaorm::deliver(&t.db, "audit", &message, audit).await.unwrap_or_else(|e| panic!("{t}: {e}"));
     assert_eq!(outcome, InboxOutcome::Processed("acme".to_owned()), "{t}");
-    assert_eq!(audit(&t.db, &message).await.unwrap_or_else(|e| panic!("{t}: {e}")), InboxOutcome::Duplicate, "{t}");
+    assert_eq!(
+        outbox_seaorm::deliver(&t.db, "audit", &message, audit).await.unwrap_or_else(|e| panic!("{t}: {e}")),
+        InboxOutcome::Duplicate,
+        "{t}"
+    );
     let sql = format!("SELECT COUNT(*) AS n FROM invoices WHERE order_id = '{}'", message.id);
     let row = t.db.query_one_raw(sea_orm::Statement::from_string(t.backend, sql)).await.expect("query").expect("row");
     assert_eq!(row.try_get::<i64>("", "n").expect("n"), 1, "{t}: the effect saw the envelope's id");

@@ -32,7 +32,7 @@ use sea_orm::{DatabaseConnection, DbErr, EntityTrait, QueryOrder, SqlErr};
 use tokio::net::TcpListener;
 
 use entity::{invoice, order};
-use orders::{OrderPlaced, OrderService, PlaceOrder, bill};
+use orders::{OrderService, PlaceOrder, bill};
 
 /// What every handler gets: the pool and the services (cheap to clone; the pool is shared).
 #[derive(Clone, Debug)]
@@ -95,12 +95,9 @@ pub async fn run_outbox<P: Publisher + 'static, T: Transport>(
 ) -> Result<(), BoxError> {
     // The relay (claim → publish → mark), cleanup of published rows and a stats sampler, in the background
     let outbox = OutboxService::builder(SeaOrmStore::new(db.clone()), publisher).shutdown_on(&shutdown).start()?;
-    let billing = Consumer::new("billing")?
-        .with_group_commit(SeaOrmGroupCommit::new(db.clone())) // up to 64 messages per commit
-        .on::<OrderPlaced>(move |placed: Received<OrderPlaced>| {
-            let db = db.clone();
-            async move { bill(&db, &placed.envelope).await } // inbox dedup + effect, in the group's transaction
-        });
+    let billing = Consumer::new("billing")
+        .with_group_commit(SeaOrmGroupCommit::new(db)) // the inbox's database; up to 64 messages per commit
+        .on(bill); // each `OrderPlaced`: inbox row + effect in one transaction
     // fetch → handle → ack after commit; both stop when `shutdown` is cancelled
     let consumed = billing.run(&transport, shutdown).await;
     outbox.stopped().await;

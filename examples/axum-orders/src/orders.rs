@@ -57,7 +57,7 @@ impl OrderService {
 }
 
 /// Billing: one invoice per `OrderPlaced`, however often the broker delivers it.
-#[idempotent_handler(consumer = "billing")]
+#[idempotent_handler]
 pub async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
     // The effect, in one transaction with the inbox row that marks the event as handled.
     // (A third parameter, `envelope: &OutboxEvent`, gives the event's id, time and headers.)

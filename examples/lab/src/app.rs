@@ -163,7 +163,7 @@ pub async fn update_orders(db: &DatabaseConnection, orders: usize, step: u32) ->
 
 /// The billing consumer: one invoice per `order.placed` message, at most once per event id. The invoice
 /// and the inbox row commit in one transaction.
-#[idempotent_handler(consumer = "billing")]
+#[idempotent_handler]
 pub async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
     let mut invoice = Query::insert();
     invoice

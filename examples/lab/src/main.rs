@@ -263,7 +263,7 @@ async fn flaky_broker_and_inbox(lab: &Lab, checks: &mut Checks) -> Result<()> {
     }
     let (mut processed, mut duplicate) = (0, 0);
     for message in &received {
-        if app::bill(&lab.db, message).await?.is_processed() {
+        if outbox_seaorm::deliver(&lab.db, "billing", message, app::bill).await?.is_processed() {
             processed += 1;
         } else {
             duplicate += 1;

@@ -39,13 +39,13 @@ fn billing(lab: &Lab, broken: Arc<AtomicBool>) -> Result<Consumer> {
         .with_max_deliveries(3)
         .with_backoff(Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200), multiplier: 2 })
         .with_fetch_wait(Duration::from_millis(200));
-    Ok(Consumer::new("billing")?.with_config(config).on::<OrderPlaced>(move |placed: Received<OrderPlaced>| {
+    Ok(Consumer::new("billing").with_config(config).on::<OrderPlaced>(move |placed: Received<OrderPlaced>| {
         let (db, broken) = (db.clone(), broken.clone());
         async move {
             if broken.load(Ordering::SeqCst) && placed.event.order_id == BROKEN_ORDER {
                 return Err(format!("billing is broken for {BROKEN_ORDER} (fixed in the next deploy)"));
             }
-            app::bill(&db, &placed.envelope).await.map_err(|e| e.to_string())
+            outbox_seaorm::deliver(&db, "billing", &placed.envelope, app::bill).await.map_err(|e| e.to_string())
         }
     }))
 }

@@ -289,7 +289,7 @@ pub async fn consume_broker(
     let consumer_done = CancellationToken::new();
     let flusher = tokio::spawn(flush_deliveries(db.clone(), deliveries.clone(), consumer_done.clone()));
     let recorded = deliveries.clone();
-    let consumer = Consumer::new(CONSUMER)?.with_config(config).with_group_commit(group);
+    let consumer = Consumer::new(CONSUMER).with_config(config).with_group_commit(group);
     let consumer = if batch_handler {
         consumer.on_batch::<SoakEvent>(move |batch: Vec<Received<SoakEvent>>| {
             let (db, lags, recorded) = (db.clone(), lags.clone(), recorded.clone());

@@ -39,11 +39,21 @@ pub(super) async fn run<T: Transport>(consumer: &Consumer, transport: &T, shutdo
         messaging.source.name = %transport.source(),
     );
     crate::metrics::describe();
-    let driver = Driver { consumer, transport, permits: Semaphore::new(consumer.config.concurrency), shutdown };
+    let driver = Driver {
+        consumer,
+        transport,
+        permits: Semaphore::new(consumer.config.concurrency),
+        shutdown: shutdown.child_token(),
+        misconfigured: std::sync::Mutex::new(None),
+    };
     // The lag sampler runs beside the driver and stops with it.
     tokio::select! {
-        result = driver.run().instrument(span.clone()) => result,
+        result = driver.run().instrument(span.clone()) => result?,
         never = sample_lag(consumer, transport).instrument(span) => match never {},
+    }
+    match driver.misconfigured.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        Some(reason) => Err(crate::Error::invalid_config("handler", reason)),
+        None => Ok(()),
     }
 }
 
@@ -71,7 +81,10 @@ struct Driver<'a, T> {
     consumer: &'a Consumer,
     transport: &'a T,
     permits: Semaphore,
+    /// The caller's token, or cancelled by the driver itself when a handler reported a configuration error.
     shutdown: CancellationToken,
+    /// The configuration error a handler reported: [`run`] stops and returns it.
+    misconfigured: std::sync::Mutex<Option<String>>,
 }
 
 /// What the driver decided before any handler ran.
@@ -283,6 +296,15 @@ impl<'a, T: Transport> Driver<'a, T> {
         Settled::One(self.settle(delivery, lane).await)
     }
 
+    /// One handler call of a message applied alone, through the group commit's
+    /// [`run_alone`](GroupCommit::run_alone) when the consumer has one.
+    async fn attempt_alone(&self, route: &dyn Route, event: OutboxEvent, delivery: u32) -> Attempt {
+        let Some(group) = self.consumer.group.as_deref() else { return self.attempt(route, event, delivery).await };
+        let mut attempt = None;
+        group.run_alone(Box::pin(async { attempt = Some(self.attempt(route, event, delivery).await) })).await;
+        attempt.unwrap_or_else(|| Attempt::Failed("the group commit's `run_alone` dropped the handler call".to_owned()))
+    }
+
     /// One handler call, bounded by `handler_timeout`, timed.
     async fn attempt(&self, route: &dyn Route, event: OutboxEvent, delivery: u32) -> Attempt {
         let event_type = event.event_type.clone();
@@ -364,7 +386,7 @@ impl<'a, T: Transport> Driver<'a, T> {
         loop {
             let attempt = {
                 let _permit = self.permits.acquire().await;
-                self.attempt(route, event.clone(), previous + failures + 1).await
+                self.attempt_alone(route, event.clone(), previous + failures + 1).await
             };
             let reason = match attempt {
                 Attempt::Done(Handled::Processed) => {
@@ -378,6 +400,12 @@ impl<'a, T: Transport> Driver<'a, T> {
                     return self.ack(delivery).await;
                 }
                 Attempt::Poison(reason) => return self.dead_letter(delivery, reason, previous + failures + 1).await,
+                Attempt::Misconfigured(reason) => {
+                    tracing::error!(event_id = %event.id, reason = %one_line(&reason), "a handler reported a configuration error: the consumer stops, the message goes back to the broker");
+                    self.misconfigured.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(reason);
+                    self.shutdown.cancel();
+                    return self.release(delivery).await;
+                }
                 Attempt::Newer(reason) => {
                     waits = waits.saturating_add(1);
                     Counters::add(&self.counters().newer_version);
@@ -409,7 +437,7 @@ impl<'a, T: Transport> Driver<'a, T> {
     /// a confirmation, releases it instead.
     async fn dead_letter(&self, delivery: &Delivery<T::Receipt>, reason: String, attempts: u32) {
         let letter =
-            DeadLetter { reason, attempts, consumer: self.consumer.name.clone(), origin: delivery.origin.clone() };
+            DeadLetter { reason, attempts, consumer: self.consumer.name.to_string(), origin: delivery.origin.clone() };
         let mut failures = 0i32;
         loop {
             match self.transport.dead_letter(delivery, &letter).await {

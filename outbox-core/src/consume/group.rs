@@ -12,6 +12,9 @@ pub type GroupCalls<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
 /// What [`GroupCommit::run`] returns.
 pub type GroupOutcome<'a> = Pin<Box<dyn Future<Output = Result<bool, BoxError>> + Send + 'a>>;
 
+/// The handler call of one message applied alone, for [`GroupCommit::run_alone`].
+pub type AloneCall<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
 /// The inbox keys of a group's messages: what an inbox write of their handlers will most likely ask for,
 /// so that a [`GroupCommit`] can record them all in one statement before the handlers run instead of one
 /// statement per handler.
@@ -45,4 +48,13 @@ pub trait GroupCommit: Send + Sync + 'static {
     /// recording its own: a key the handlers did not claim is not committed, and a key recorded before is
     /// reported to its handler as a duplicate without running its effect.
     fn run<'a>(&'a self, keys: &'a GroupKeys, calls: GroupCalls<'a>) -> GroupOutcome<'a>;
+
+    /// Runs the handler call of a message applied alone, outside any group (every message when
+    /// [`group_size`](super::ConsumerConfig::group_size) is 1; the messages of a group that rolled back),
+    /// so that it finds what a group's handlers find. The default runs it as it is; `outbox-seaorm`'s runs
+    /// it with its pool as the handlers' database, where an `#[idempotent_handler]` registered with
+    /// [`Consumer::on`](super::Consumer::on) begins its own transaction.
+    fn run_alone<'a>(&'a self, call: AloneCall<'a>) -> AloneCall<'a> {
+        call
+    }
 }

@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use dead_letters::{DeadFilter, DeadLetterAction, DeadLetterEntry, DeadLetterOutcome, DeadLetters};
-pub use group::{GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
+pub use group::{AloneCall, GroupCalls, GroupCommit, GroupKeys, GroupOutcome};
 pub use route::{BatchHandler, EventHandler, Handled, Received};
 pub use transport::{DeadLetter, Delivery, Lag, MAX_DEAD_REASON_LEN, Replayable, Transport, dead_header, replayable};
 
@@ -270,13 +270,13 @@ impl Counters {
 /// ```no_run
 /// # use outbox_runtime::{Consumer, Received, DomainEvent};
 /// # fn demo<P: DomainEvent, C: DomainEvent>() -> outbox_runtime::Result<()> {
-/// let consumer = Consumer::new("billing")?
+/// let consumer = Consumer::new("billing")
 ///     .on::<P>(async |placed: Received<P>| -> Result<(), std::io::Error> { /* bill */ Ok(()) })
 ///     .on::<C>(async |cancelled: Received<C>| -> Result<(), std::io::Error> { /* refund */ Ok(()) });
 /// # Ok(()) }
 /// ```
 pub struct Consumer {
-    name: String,
+    name: Arc<str>,
     config: ConsumerConfig,
     routes: HashMap<&'static str, Box<dyn Route>>,
     group: Option<Box<dyn GroupCommit>>,
@@ -299,19 +299,18 @@ impl std::fmt::Debug for Consumer {
 }
 
 impl Consumer {
-    /// A consumer named `name` (non-empty, at most 128 bytes, no control characters) with the default
-    /// [`ConsumerConfig`] and no handlers yet.
-    pub fn new(name: &str) -> Result<Self> {
-        crate::envelope::check_name("consumer", name, MAX_CONSUMER_LEN)
-            .map_err(|e| Error::invalid_config("consumer", e.to_string()))?;
-        Ok(Consumer {
-            name: name.to_owned(),
+    /// A consumer named `name` with the default [`ConsumerConfig`] and no handlers yet. The name is its
+    /// inbox key, handed to each handler with each message ([`Received::consumer`]): non-empty, at most
+    /// 128 bytes, no control characters, checked by [`run`](Self::run) with the settings.
+    pub fn new(name: &str) -> Self {
+        Consumer {
+            name: Arc::from(name),
             config: ConsumerConfig::default(),
             routes: HashMap::new(),
             group: None,
             counters: Arc::default(),
             lag: std::sync::Mutex::new(None),
-        })
+        }
     }
 
     /// Replaces the settings ([`Consumer::run`] checks them before its first fetch).
@@ -323,7 +322,7 @@ impl Consumer {
     /// Handles events of type `E` (every stored version `E` upcasts from) with `handler`. A second
     /// handler for the same event name replaces the first.
     pub fn on<E: DomainEvent>(mut self, handler: impl EventHandler<E>) -> Self {
-        if self.routes.insert(E::NAME, Box::new(Typed::<E, _>::new(handler))).is_some() {
+        if self.routes.insert(E::NAME, Box::new(Typed::<E, _>::new(Arc::clone(&self.name), handler))).is_some() {
             tracing::warn!(consumer = %self.name, event_type = E::NAME, "a second handler replaced the first");
         }
         self
@@ -342,14 +341,14 @@ impl Consumer {
     /// ```no_run
     /// # use outbox_runtime::{Consumer, Handled, Received, DomainEvent};
     /// # fn demo<P: DomainEvent>() -> outbox_runtime::Result<()> {
-    /// let consumer = Consumer::new("billing")?.on_batch::<P>(async |placed: Vec<Received<P>>| {
+    /// let consumer = Consumer::new("billing").on_batch::<P>(async |placed: Vec<Received<P>>| {
     ///     /* bill them all in one statement */
     ///     Ok::<_, std::io::Error>(vec![Handled::Processed; placed.len()])
     /// });
     /// # Ok(()) }
     /// ```
     pub fn on_batch<E: DomainEvent>(mut self, handler: impl BatchHandler<E>) -> Self {
-        if self.routes.insert(E::NAME, Box::new(TypedBatch::<E, _>::new(handler))).is_some() {
+        if self.routes.insert(E::NAME, Box::new(TypedBatch::<E, _>::new(Arc::clone(&self.name), handler))).is_some() {
             tracing::warn!(consumer = %self.name, event_type = E::NAME, "a second handler replaced the first");
         }
         self
@@ -364,7 +363,7 @@ impl Consumer {
     /// # struct Db; impl GroupCommit for Db { fn run<'a>(&'a self, _: &'a GroupKeys, c: GroupCalls<'a>) -> GroupOutcome<'a> { Box::pin(async { Ok(c.await) }) } }
     /// # fn demo(db: Db) -> outbox_runtime::Result<()> {
     /// // With outbox-seaorm: `.with_group_commit(SeaOrmGroupCommit::new(db.clone()))`.
-    /// let consumer = outbox_runtime::Consumer::new("billing")?.with_group_commit(db);
+    /// let consumer = outbox_runtime::Consumer::new("billing").with_group_commit(db);
     /// # Ok(()) }
     /// ```
     pub fn with_group_commit(mut self, group: impl GroupCommit) -> Self {
@@ -403,6 +402,8 @@ impl Consumer {
     /// Consumes from `transport` until `shutdown` is cancelled (see the [module docs](self)). Fetch errors
     /// are logged and retried with a backoff: the broker being down is not an error of `run`.
     pub async fn run<T: Transport>(&self, transport: &T, shutdown: crate::CancellationToken) -> Result<()> {
+        crate::envelope::check_name("consumer", &self.name, MAX_CONSUMER_LEN)
+            .map_err(|e| Error::invalid_config("consumer", e.to_string()))?;
         self.config.validate()?;
         driver::run(self, transport, shutdown).await
     }

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use futures_util::FutureExt as _;
 
@@ -10,7 +11,8 @@ use crate::error::{BoxError, Error};
 use crate::event::DomainEvent;
 use crate::inbox::InboxOutcome;
 
-/// An event handed to a handler: the decoded (and upcast) event and the envelope it came in.
+/// An event handed to a handler: the decoded (and upcast) event, the envelope it came in, and the consumer
+/// it was delivered to (the inbox key's first half, so a handler never names its consumer again).
 #[derive(Clone, Debug)]
 pub struct Received<E> {
     /// The event, decoded at the version this code knows.
@@ -19,6 +21,17 @@ pub struct Received<E> {
     pub envelope: OutboxEvent,
     /// Deliveries of this message so far, this one included.
     pub delivery: u32,
+    /// The name of the consumer it was delivered to ([`Consumer::name`](super::Consumer::name)).
+    pub consumer: Arc<str>,
+}
+
+impl<E: DomainEvent> Received<E> {
+    /// Decodes (and upcasts) `envelope` for `consumer`, as the consume driver does before a handler runs:
+    /// for tests and hand-written loops that call a handler themselves. `delivery` counts from 1.
+    pub fn decode(consumer: &str, envelope: OutboxEvent, delivery: u32) -> crate::Result<Self> {
+        let event = E::from_envelope(&envelope)?;
+        Ok(Received { event, envelope, delivery, consumer: Arc::from(consumer) })
+    }
 }
 
 /// What a handler did with an event it accepted.
@@ -106,6 +119,9 @@ pub(crate) enum Attempt {
     Newer(String),
     /// Can never be processed by any version of this code: dead-letter at once.
     Poison(String),
+    /// The handler reported a configuration error ([`Error::InvalidConfig`]): no retry can succeed and no
+    /// message is at fault, so the consumer stops with that error and the message goes back to the broker.
+    Misconfigured(String),
 }
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -131,32 +147,30 @@ pub(crate) trait BatchRoute: Send + Sync {
     fn decode(&self, envelope: OutboxEvent, delivery: u32) -> Result<Decoded, Attempt>;
 
     /// One handler call for messages this route decoded: what it did with each, in order, or why it failed
-    /// (then none of them was applied).
-    fn attempt_batch<'a>(&'a self, batch: Vec<Decoded>) -> BoxFuture<'a, Result<Vec<Handled>, String>>;
+    /// (then none of them was applied): [`Attempt::Failed`] or [`Attempt::Misconfigured`].
+    fn attempt_batch<'a>(&'a self, batch: Vec<Decoded>) -> BoxFuture<'a, Result<Vec<Handled>, Attempt>>;
 }
 
 pub(crate) struct Typed<E, H> {
     handler: H,
+    consumer: Arc<str>,
     _event: std::marker::PhantomData<fn() -> E>,
 }
 
 impl<E, H> Typed<E, H> {
-    pub(crate) fn new(handler: H) -> Self {
-        Typed { handler, _event: std::marker::PhantomData }
+    pub(crate) fn new(consumer: Arc<str>, handler: H) -> Self {
+        Typed { handler, consumer, _event: std::marker::PhantomData }
     }
 }
 
 impl<E: DomainEvent, H: EventHandler<E>> Route for Typed<E, H> {
     fn attempt<'a>(&'a self, envelope: OutboxEvent, delivery: u32) -> BoxFuture<'a, Attempt> {
         Box::pin(async move {
-            let received = match received::<E>(envelope, delivery) {
+            let received = match received::<E>(&self.consumer, envelope, delivery) {
                 Ok(received) => received,
                 Err(attempt) => return attempt,
             };
-            match caught(self.handler.handle(received)).await {
-                Ok(handled) => Attempt::Done(handled),
-                Err(reason) => Attempt::Failed(reason),
-            }
+            caught(self.handler.handle(received)).await.map_or_else(|attempt| attempt, Attempt::Done)
         })
     }
 }
@@ -164,12 +178,13 @@ impl<E: DomainEvent, H: EventHandler<E>> Route for Typed<E, H> {
 /// A [`BatchHandler`]'s route.
 pub(crate) struct TypedBatch<E, H> {
     handler: H,
+    consumer: Arc<str>,
     _event: std::marker::PhantomData<fn() -> E>,
 }
 
 impl<E, H> TypedBatch<E, H> {
-    pub(crate) fn new(handler: H) -> Self {
-        TypedBatch { handler, _event: std::marker::PhantomData }
+    pub(crate) fn new(consumer: Arc<str>, handler: H) -> Self {
+        TypedBatch { handler, consumer, _event: std::marker::PhantomData }
     }
 }
 
@@ -183,7 +198,7 @@ impl<E: DomainEvent, H: BatchHandler<E>> Route for TypedBatch<E, H> {
             match self.attempt_batch(vec![decoded]).await.map(|handled| handled.into_iter().next()) {
                 Ok(Some(handled)) => Attempt::Done(handled),
                 Ok(None) => Attempt::Failed("the batch handler returned no outcome for its one event".to_owned()),
-                Err(reason) => Attempt::Failed(reason),
+                Err(attempt) => attempt,
             }
         })
     }
@@ -195,10 +210,10 @@ impl<E: DomainEvent, H: BatchHandler<E>> Route for TypedBatch<E, H> {
 
 impl<E: DomainEvent, H: BatchHandler<E>> BatchRoute for TypedBatch<E, H> {
     fn decode(&self, envelope: OutboxEvent, delivery: u32) -> Result<Decoded, Attempt> {
-        received::<E>(envelope, delivery).map(|received| Box::new(received) as Decoded)
+        received::<E>(&self.consumer, envelope, delivery).map(|received| Box::new(received) as Decoded)
     }
 
-    fn attempt_batch<'a>(&'a self, batch: Vec<Decoded>) -> BoxFuture<'a, Result<Vec<Handled>, String>> {
+    fn attempt_batch<'a>(&'a self, batch: Vec<Decoded>) -> BoxFuture<'a, Result<Vec<Handled>, Attempt>> {
         Box::pin(async move {
             let events = batch.len();
             let batch: Vec<Received<E>> = batch
@@ -206,14 +221,14 @@ impl<E: DomainEvent, H: BatchHandler<E>> BatchRoute for TypedBatch<E, H> {
                 .filter_map(|decoded| decoded.downcast::<Received<E>>().ok().map(|received| *received))
                 .collect();
             if batch.len() != events {
-                return Err("a message decoded for another event type reached this batch".to_owned());
+                return Err(Attempt::Failed("a message decoded for another event type reached this batch".to_owned()));
             }
             let handled = caught(self.handler.handle(batch)).await?;
             if handled.len() != events {
-                return Err(format!(
+                return Err(Attempt::Failed(format!(
                     "the batch handler returned {} outcomes for {events} events (one per event, in order)",
                     handled.len()
-                ));
+                )));
             }
             Ok(handled)
         })
@@ -221,9 +236,9 @@ impl<E: DomainEvent, H: BatchHandler<E>> BatchRoute for TypedBatch<E, H> {
 }
 
 /// Decodes (and upcasts) a message for a handler of `E`; `Err` is what the attempt came to without one.
-fn received<E: DomainEvent>(envelope: OutboxEvent, delivery: u32) -> Result<Received<E>, Attempt> {
+fn received<E: DomainEvent>(consumer: &Arc<str>, envelope: OutboxEvent, delivery: u32) -> Result<Received<E>, Attempt> {
     match E::from_envelope(&envelope) {
-        Ok(event) => Ok(Received { event, envelope, delivery }),
+        Ok(event) => Ok(Received { event, envelope, delivery, consumer: Arc::clone(consumer) }),
         Err(error @ Error::UnsupportedVersion { version, newest, .. }) if version > newest => {
             Err(Attempt::Newer(error.to_string()))
         }
@@ -231,21 +246,37 @@ fn received<E: DomainEvent>(envelope: OutboxEvent, delivery: u32) -> Result<Rece
     }
 }
 
-/// Runs a handler call, turning its error or panic into the reason a retry or dead letter carries.
-async fn caught<T>(call: impl Future<Output = Result<T, BoxError>>) -> Result<T, String> {
+/// Runs a handler call, turning its error or panic into the reason a retry or dead letter carries
+/// ([`Attempt::Failed`]), or, for a configuration error, [`Attempt::Misconfigured`].
+async fn caught<T>(call: impl Future<Output = Result<T, BoxError>>) -> Result<T, Attempt> {
     match std::panic::AssertUnwindSafe(call).catch_unwind().await {
         Ok(Ok(value)) => Ok(value),
         // Handler errors reach logs and dead-letter headers: credentials in them never do.
-        Ok(Err(error)) => Err(crate::text::redact_secrets(&error_chain(&*error))),
+        Ok(Err(error)) => {
+            let reason = crate::text::redact_secrets(&error_chain(&*error));
+            Err(if misconfigured(&*error) { Attempt::Misconfigured(reason) } else { Attempt::Failed(reason) })
+        }
         Err(panic) => {
             let message = panic
                 .downcast_ref::<&str>()
                 .map(|s| (*s).to_owned())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a non-string panic".to_owned());
-            Err(crate::text::redact_secrets(&format!("the handler panicked: {message}")))
+            Err(Attempt::Failed(crate::text::redact_secrets(&format!("the handler panicked: {message}"))))
         }
     }
+}
+
+/// Whether `error` or one of its sources is an [`Error::InvalidConfig`].
+fn misconfigured(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if matches!(error.downcast_ref::<Error>(), Some(Error::InvalidConfig { .. })) {
+            return true;
+        }
+        next = error.source();
+    }
+    false
 }
 
 /// `error` and its sources, `outer: inner: innermost`.

@@ -163,7 +163,7 @@ async fn run_until(consumer: &Consumer, transport: &Memory, done: impl Fn(&Consu
 async fn every_outcome_acks_only_after_apply_skip_or_confirmed_dead_letter() {
     let applied = std::sync::Arc::new(Mutex::new(Vec::new()));
     let seen = applied.clone();
-    let consumer = Consumer::new("c").unwrap().with_config(fast()).on::<Tick>(move |r: Received<Tick>| {
+    let consumer = Consumer::new("c").with_config(fast()).on::<Tick>(move |r: Received<Tick>| {
         let seen = seen.clone();
         async move {
             if r.event.n == 7 {
@@ -208,7 +208,7 @@ async fn every_outcome_acks_only_after_apply_skip_or_confirmed_dead_letter() {
 
 #[tokio::test]
 async fn a_panicking_handler_is_retried_then_dead_lettered_and_the_consumer_goes_on() {
-    let consumer = Consumer::new("c").unwrap().with_config(fast()).on::<Tick>(|r: Received<Tick>| async move {
+    let consumer = Consumer::new("c").with_config(fast()).on::<Tick>(|r: Received<Tick>| async move {
         assert!(r.event.n != 1, "bug");
         Ok::<_, std::io::Error>(())
     });
@@ -221,10 +221,12 @@ async fn a_panicking_handler_is_retried_then_dead_lettered_and_the_consumer_goes
 
 #[tokio::test]
 async fn bad_settings_are_typed_errors_before_anything_is_fetched() {
-    assert!(matches!(Consumer::new(""), Err(Error::InvalidConfig { field: "consumer", .. })));
-    assert!(Consumer::new("a\nb").is_err());
-    // The builder keeps its chain; `run` checks the settings before its first fetch.
+    // The builder keeps its chain; `run` checks the name and the settings before its first fetch.
     let transport = Memory::with(vec![message(Tick::NAME, 1, "a", 1)]);
+    for name in ["", "a\nb", &"x".repeat(129)] {
+        let err = Consumer::new(name).run(&transport, crate::CancellationToken::new()).await.unwrap_err();
+        assert!(matches!(&err, Error::InvalidConfig { field: "consumer", .. }), "{name:?}: {err}");
+    }
     for (config, field) in [
         (ConsumerConfig::default().with_max_deliveries(0), "max_deliveries"),
         (ConsumerConfig::default().with_batch_size(0), "batch_size"),
@@ -232,7 +234,7 @@ async fn bad_settings_are_typed_errors_before_anything_is_fetched() {
         (ConsumerConfig::default().with_group_size(0), "group_size"),
         (ConsumerConfig::default().with_lag_interval(Duration::ZERO), "lag_interval"),
     ] {
-        let consumer = Consumer::new("c").unwrap().with_config(config);
+        let consumer = Consumer::new("c").with_config(config);
         let err = consumer.run(&transport, crate::CancellationToken::new()).await.unwrap_err();
         assert!(matches!(&err, Error::InvalidConfig { field: f, .. } if *f == field), "{field}: {err}");
     }
@@ -242,7 +244,6 @@ async fn bad_settings_are_typed_errors_before_anything_is_fetched() {
 #[tokio::test]
 async fn malformed_messages_are_dead_lettered_with_a_reason_never_a_panic() {
     let consumer = Consumer::new("c")
-        .unwrap()
         .with_config(fast().with_max_deliveries(10))
         .on::<Tick>(|_: Received<Tick>| async { Ok::<_, std::io::Error>(()) });
     let with = |name: &str, value: &str| {
@@ -284,10 +285,8 @@ async fn malformed_messages_are_dead_lettered_with_a_reason_never_a_panic() {
 
 #[tokio::test]
 async fn a_failed_ack_is_tried_again_before_the_message_is_left_to_redelivery() {
-    let consumer = Consumer::new("c")
-        .unwrap()
-        .with_config(fast())
-        .on::<Tick>(|_: Received<Tick>| async { Ok::<_, std::io::Error>(()) });
+    let consumer =
+        Consumer::new("c").with_config(fast()).on::<Tick>(|_: Received<Tick>| async { Ok::<_, std::io::Error>(()) });
     let transport = Memory::with(vec![message("tick", 2, "a", 1), message("tick", 2, "b", 1)]);
     *transport.ack_failures.lock().unwrap() = 2; // the first message's first two acks fail
     // Wait for the acks themselves: a shutdown during the retry pause would end the retries early.
@@ -305,7 +304,7 @@ async fn a_hung_handler_is_abandoned_after_its_timeout_and_the_message_retried()
     let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let counted = calls.clone();
     let config = fast().with_handler_timeout(Duration::from_millis(50));
-    let consumer = Consumer::new("c").unwrap().with_config(config).on::<Tick>(move |_: Received<Tick>| {
+    let consumer = Consumer::new("c").with_config(config).on::<Tick>(move |_: Received<Tick>| {
         let first = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
         async move {
             if first {
@@ -326,7 +325,7 @@ async fn shutdown_ends_while_a_handler_hangs() {
     let started = std::sync::Arc::new(tokio::sync::Notify::new());
     let notify = started.clone();
     let config = fast().with_handler_timeout(Duration::from_millis(100)).with_max_deliveries(1000);
-    let consumer = Consumer::new("c").unwrap().with_config(config).on::<Tick>(move |_: Received<Tick>| {
+    let consumer = Consumer::new("c").with_config(config).on::<Tick>(move |_: Received<Tick>| {
         notify.notify_one();
         async {
             std::future::pending::<()>().await;
@@ -419,7 +418,6 @@ async fn a_group_applies_many_messages_in_one_commit_in_order_and_acks_after_it(
     let db = StagedDb::default();
     let writes = db.clone();
     let consumer = Consumer::new("c")
-        .unwrap()
         .with_config(fast().with_batch_size(64).with_group_size(32))
         .with_group_commit(db.clone())
         .on::<Tick>(move |r: Received<Tick>| {
@@ -453,7 +451,6 @@ async fn a_failing_handler_rolls_its_group_back_and_every_message_then_applies_o
     let db = StagedDb::default();
     let writes = db.clone();
     let consumer = Consumer::new("c")
-        .unwrap()
         .with_config(fast().with_batch_size(64).with_group_size(16).with_max_deliveries(5))
         .with_group_commit(db.clone())
         .on::<Tick>(move |r: Received<Tick>| {
@@ -479,12 +476,11 @@ async fn a_failing_handler_rolls_its_group_back_and_every_message_then_applies_o
 async fn poison_and_unknown_messages_in_a_group_do_not_roll_it_back() {
     let db = StagedDb::default();
     let writes = db.clone();
-    let consumer = Consumer::new("c").unwrap().with_config(fast()).with_group_commit(db.clone()).on::<Tick>(
-        move |r: Received<Tick>| {
+    let consumer =
+        Consumer::new("c").with_config(fast()).with_group_commit(db.clone()).on::<Tick>(move |r: Received<Tick>| {
             writes.write(&r.event.item, r.event.n);
             async { Ok::<_, std::io::Error>(()) }
-        },
-    );
+        });
     let mut messages = ticks(3, 2);
     messages.insert(2, (BTreeMap::new(), b"junk".to_vec()));
     messages.insert(4, message("other", 1, "i1", 9));
@@ -520,7 +516,6 @@ async fn run_gated(group_size: usize, open_when: impl Fn(&Memory, &ConsumerStats
     let gated = GatedDb::default();
     let writes = gated.db.clone();
     let consumer = Consumer::new("c")
-        .unwrap()
         // One message per fetch: a group dispatched on every arrival would hold one message.
         .with_config(fast().with_batch_size(1).with_group_size(group_size))
         .with_group_commit(gated.clone())

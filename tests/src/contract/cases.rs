@@ -176,11 +176,10 @@ pub async fn newer_version_waits_for_the_upgrade<F: Fixture>() {
     assert!(fx.dead_letters("nv").await.is_empty(), "{}", F::NAME);
 
     let db = t.db.clone();
-    let upgraded =
-        Consumer::new("nv").expect("name").with_config(fast_config()).on::<CountedV3>(move |r: Received<CountedV3>| {
-            let db = db.clone();
-            async move { apply(&db, "nv", &r.envelope.id.to_string(), &r.event.item, r.event.n).await.map(|_| ()) }
-        });
+    let upgraded = Consumer::new("nv").with_config(fast_config()).on::<CountedV3>(move |r: Received<CountedV3>| {
+        let db = db.clone();
+        async move { apply(&db, "nv", &r.envelope.id.to_string(), &r.event.item, r.event.n).await.map(|_| ()) }
+    });
     let running = Running::start(upgraded, fx.transport("nv").await);
     eventually(Duration::from_secs(30), "the v3 event applied", async || effects(&t, "nv").await.len() == 2).await;
     running.stop().await;

@@ -329,7 +329,7 @@ pub fn counting_batch_consumer(
 /// A consumer named `name` committing in groups on `t`'s database, its applications tracked.
 fn grouped(t: &TestDb, name: &str, config: ConsumerConfig, applications: &Applications) -> Consumer {
     let group = TrackedGroup { db: SeaOrmGroupCommit::new(t.db.clone()), applications: applications.clone() };
-    Consumer::new(name).expect("name").with_config(config).with_group_commit(group)
+    Consumer::new(name).with_config(config).with_group_commit(group)
 }
 
 /// A consumer running in the background.

@@ -21,7 +21,7 @@ pub struct ParcelShipped {
 }
 
 /// The effect: one shipment row per applied event (no unique key: only the inbox prevents doubles).
-#[idempotent_handler(consumer = "kafka_shipping")]
+#[idempotent_handler]
 async fn record_shipment(txn: &DatabaseTransaction, event: ParcelShipped) -> Result<i64, DbErr> {
     let sql = format!("INSERT INTO kafka_shipments (parcel_id, n) VALUES ('{}', {})", event.parcel_id, event.n);
     txn.execute_unprepared(&sql).await?;
@@ -79,14 +79,16 @@ pub fn shipping(
             if fail(&received.event, received.delivery) {
                 return Err(format!("injected failure of n={}", received.event.n));
             }
-            let outcome = record_shipment(&db, &received.envelope).await.map_err(|e| e.to_string())?;
+            let outcome = outbox_seaorm::deliver(&db, "kafka_shipping", &received.envelope, record_shipment)
+                .await
+                .map_err(|e| e.to_string())?;
             if let InboxOutcome::Processed(n) = &outcome {
                 seen.0.lock().expect("seen").push((received.event.parcel_id.clone(), *n));
             }
             Ok::<_, String>(outcome)
         }
     };
-    Consumer::new("kafka_shipping").expect("name").with_config(consumer_config()).on::<ParcelShipped>(handler)
+    Consumer::new("kafka_shipping").with_config(consumer_config()).on::<ParcelShipped>(handler)
 }
 
 /// Waits until `check` holds, at most `limit`.

@@ -279,9 +279,9 @@ async fn consume<T: Transport + 'static>(
     let backend = db.get_database_backend();
     let config = ConsumerConfig::default();
     let consumer = match mode {
-        Mode::OneByOne => Consumer::new(name)?.with_config(config.with_group_size(1)),
+        Mode::OneByOne => Consumer::new(name).with_config(config.with_group_size(1)),
         Mode::Grouped | Mode::Batched => {
-            Consumer::new(name)?.with_config(config).with_group_commit(SeaOrmGroupCommit::new(db.clone()))
+            Consumer::new(name).with_config(config).with_group_commit(SeaOrmGroupCommit::new(db.clone()))
         }
     };
     let consumer = if mode == Mode::Batched {

@@ -67,7 +67,7 @@
 //!     Subscription::Topics(vec!["order.events".into()]),
 //!     &[],
 //! )?; // dead letters: order.events.dlq
-//! let consumer = Consumer::new("billing")?; // .on::<OrderPlaced>(handler)...
+//! let consumer = Consumer::new("billing"); // .on::<OrderPlaced>(handler)...
 //! consumer.run(&transport, CancellationToken::new()).await?;
 //! transport.replay_dead_letters(100).await?; // after the fix
 //! # Ok(()) }

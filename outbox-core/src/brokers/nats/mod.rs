@@ -16,7 +16,7 @@
 //!
 //! // Dead letters go to subject `outbox.dead.EVENTS.billing` in stream `EVENTS_DEAD`, created if missing.
 //! let transport = NatsTransport::connect("nats://127.0.0.1:4222", "EVENTS", "billing", None).await?;
-//! let consumer = Consumer::new("billing")?; // .on::<OrderPlaced>(handler) ...
+//! let consumer = Consumer::new("billing"); // .on::<OrderPlaced>(handler) ...
 //! consumer.run(&transport, CancellationToken::new()).await?;
 //! // After a fix: move the dead letters back to where they came from.
 //! transport.replay_dead_letters(1_000).await?;

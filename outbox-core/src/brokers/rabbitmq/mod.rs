@@ -61,7 +61,7 @@
 //! let publisher = RabbitPublisher::connect(url, "events", Destination::parse(DEFAULT_ROUTING_KEY)?).await?;
 //! publisher.declare_queue("events", "billing", "order.#").await?;
 //! let transport = RabbitTransport::connect(url, "billing", "billing-1").await?; // dead letters: billing.dead
-//! let consumer = Consumer::new("billing")?; // .on::<OrderPlaced>(handler)...
+//! let consumer = Consumer::new("billing"); // .on::<OrderPlaced>(handler)...
 //! consumer.run(&transport, CancellationToken::new()).await?;
 //! transport.replay_dead_letters(100).await?; // after the fix
 //! # Ok(()) }

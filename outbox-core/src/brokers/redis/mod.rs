@@ -14,7 +14,7 @@
 //!
 //! // Dead letters go to `outbox:order:dead`.
 //! let transport = RedisTransport::connect("redis://127.0.0.1:6379", "outbox:order", "billing", "billing-1").await?;
-//! let consumer = Consumer::new("billing")?; // .on::<OrderPlaced>(handler) ...
+//! let consumer = Consumer::new("billing"); // .on::<OrderPlaced>(handler) ...
 //! consumer.run(&transport, CancellationToken::new()).await?;
 //! // After a fix: move the dead letters back to where they came from.
 //! transport.replay_dead_letters(1_000).await?;

@@ -149,7 +149,8 @@ impl<'a, T: Transport> Driver<'a, T> {
                 match attempt {
                     Attempt::Done(handled) => outcomes[lane].push(Applied::Handled(handled, event_type)),
                     Attempt::Newer(_) | Attempt::Poison(_) => break,
-                    Attempt::Failed(reason) => {
+                    // Alone, a configuration error stops the consumer; here it rolls the group back first.
+                    Attempt::Failed(reason) | Attempt::Misconfigured(reason) => {
                         tracing::debug!(reason = %one_line(&reason), "handler failed inside a group");
                         return false;
                     }
@@ -165,7 +166,7 @@ impl<'a, T: Transport> Driver<'a, T> {
         let Some(Batch { route, event_type, first, messages }) = batch else { return true };
         let (lanes, messages): (Vec<usize>, Vec<Decoded>) = messages.into_iter().unzip();
         let call = self.bounded(&event_type, route.attempt_batch(messages)).instrument(self.process_span(first));
-        let handled = call.await.and_then(|handled| handled);
+        let handled = call.await.map_err(Attempt::Failed).and_then(|handled| handled);
         match handled {
             Ok(handled) => {
                 for (lane, handled) in lanes.into_iter().zip(handled) {
@@ -173,8 +174,12 @@ impl<'a, T: Transport> Driver<'a, T> {
                 }
                 true
             }
-            Err(reason) => {
-                tracing::debug!(reason = %one_line(&reason), messages = lanes.len(), "batch handler failed inside a group");
+            Err(attempt) => {
+                let reason = match &attempt {
+                    Attempt::Failed(reason) | Attempt::Misconfigured(reason) => reason.as_str(),
+                    _ => "",
+                };
+                tracing::debug!(reason = %one_line(reason), messages = lanes.len(), "batch handler failed inside a group");
                 false
             }
         }
@@ -191,7 +196,7 @@ impl<'a, T: Transport> Driver<'a, T> {
             .filter_map(|d| d.headers.get(header::ID)?.parse::<crate::envelope::EventId>().ok())
             .map(|id| id.to_string())
             .collect();
-        GroupKeys { consumer: self.consumer.name.clone(), message_ids }
+        GroupKeys { consumer: self.consumer.name.to_string(), message_ids }
     }
 
     /// Counts a message its group committed.

@@ -35,7 +35,6 @@ fn batched(db: &StagedDb, group_size: usize, fails: fn(&Received<Tick>) -> bool)
     let calls: Arc<Mutex<Vec<usize>>> = Arc::default();
     let (writes, sizes) = (db.clone(), calls.clone());
     let consumer = Consumer::new("c")
-        .unwrap()
         .with_config(fast().with_batch_size(64).with_group_size(group_size).with_max_deliveries(5))
         .with_group_commit(db.clone())
         .on_batch::<Tick>(move |batch: Vec<Received<Tick>>| {
@@ -103,7 +102,6 @@ async fn a_batch_ends_at_another_event_type_or_a_bad_message_so_each_aggregate_k
 #[tokio::test]
 async fn a_batch_handler_that_answers_for_fewer_messages_fails_them_all() {
     let consumer = Consumer::new("c")
-        .unwrap()
         .with_config(fast().with_max_deliveries(2))
         .with_group_commit(StagedDb::default())
         .on_batch::<Tick>(|batch: Vec<Received<Tick>>| async move {

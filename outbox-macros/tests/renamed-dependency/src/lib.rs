@@ -34,7 +34,7 @@ pub async fn ship(db: &DatabaseConnection, order_id: &str) -> Result<(), DbErr> 
 }
 
 /// Notifies the customer once per shipment.
-#[idempotent_handler(consumer = "notifications")]
+#[idempotent_handler]
 pub async fn notify(txn: &DatabaseTransaction, event: OrderShipped) -> Result<usize, DbErr> {
     let _ = txn;
     Ok(event.to.street.len())
@@ -49,6 +49,7 @@ mod tests {
         assert_eq!(OrderShipped::NAME, "order.shipped");
         let lines = OrderShipped::SCHEMA.lock_lines();
         assert_eq!(lines.last(), Some(&("to.street".to_owned(), "String".to_owned())));
-        let _ = notify::<DatabaseConnection>;
+        // A consumer registers it as written: `Consumer::new("notifications").on(notify)`.
+        let _ = ob::Consumer::new("notifications").on(notify);
     }
 }

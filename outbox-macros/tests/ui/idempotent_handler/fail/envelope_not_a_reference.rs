@@ -9,7 +9,7 @@ pub struct OrderPlaced {
     pub order_id: String,
 }
 
-#[idempotent_handler(consumer = "billing")]
+#[idempotent_handler]
 pub async fn bill(txn: &DatabaseTransaction, event: OrderPlaced, envelope: String) -> Result<(), DbErr> {
     let _ = (txn, event, envelope);
     Ok(())

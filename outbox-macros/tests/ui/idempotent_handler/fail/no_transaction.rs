@@ -9,7 +9,7 @@ pub struct OrderPlaced {
     pub order_id: String,
 }
 
-#[idempotent_handler(consumer = "billing")]
+#[idempotent_handler]
 pub async fn bill(db: &DatabaseConnection, event: OrderPlaced) -> Result<(), DbErr> {
     let _ = (db, event);
     Ok(())

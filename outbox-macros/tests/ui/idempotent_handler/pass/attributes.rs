@@ -18,7 +18,7 @@ pub struct OrderPlaced {
 }
 
 /// Bills an order once.
-#[idempotent_handler(consumer = "billing")]
+#[idempotent_handler]
 #[allow(unused_variables)]
 #[tracing::instrument(skip(txn, event), fields(order_id = %event.order_id))]
 pub async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
@@ -26,14 +26,14 @@ pub async fn bill(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), D
 }
 
 /// Never compiled: the `cfg` removes the handler and the body that does not compile.
-#[idempotent_handler(consumer = "shipping")]
+#[idempotent_handler]
 #[cfg(any())]
 pub async fn ship(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
     does_not_exist(txn, event)
 }
 
 /// Kept: its `cfg` holds.
-#[idempotent_handler(consumer = "audit")]
+#[idempotent_handler]
 #[cfg(all())]
 pub async fn audit(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), DbErr> {
     let _ = (txn, event);
@@ -41,7 +41,8 @@ pub async fn audit(txn: &DatabaseTransaction, event: OrderPlaced) -> Result<(), 
 }
 
 async fn consume(db: &DatabaseConnection, message: &OutboxEvent) -> (bool, bool) {
-    (bill(db, message).await.is_ok(), audit(db, message).await.is_ok())
+    let billed = outbox_seaorm::deliver(db, "billing", message, bill).await.is_ok();
+    (billed, outbox_seaorm::deliver(db, "audit", message, audit).await.is_ok())
 }
 
 fn main() {
