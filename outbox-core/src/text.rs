@@ -21,16 +21,50 @@ pub fn redact_url(url: &str) -> String {
 /// percent-decoded. Adapters hand credentials to their client apart from the URL, because clients log
 /// the URL they connect to (SeaORM in a trace span, async-nats at debug level).
 pub fn split_credentials(url: &str) -> (String, Option<(String, Option<String>)>) {
-    let Some((scheme, rest)) = url.split_once("://") else { return (url.to_owned(), None) };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else { return (url.to_owned(), None) };
-    let decode = |text: &str| percent_encoding::percent_decode_str(text).decode_utf8_lossy().into_owned();
+    let Some(UserInfo { scheme, userinfo, host, tail }) = user_info(url) else { return (url.to_owned(), None) };
     let (user, password) = match userinfo.split_once(':') {
-        Some((user, password)) => (decode(user), Some(decode(password))),
-        None => (decode(userinfo), None),
+        Some((user, password)) => (percent_decode(user), Some(percent_decode(password))),
+        None => (percent_decode(userinfo), None),
     };
     (format!("{scheme}://{host}{tail}"), Some((user, password)))
+}
+
+/// `text` with the password of each of `urls` replaced by `***` wherever it appears, as the URL spells it
+/// (percent-encoded) and decoded, then [`redact_secrets`]: for a message that may quote a password away
+/// from its URL (a driver's error echoing the setting it was given), as the `outbox` command's errors.
+pub fn redact_passwords_of(text: &str, urls: &[&str]) -> String {
+    let mut text = text.to_owned();
+    for url in urls {
+        let Some(UserInfo { userinfo, .. }) = user_info(url) else { continue };
+        let Some((_, password)) = userinfo.split_once(':') else { continue };
+        for form in [percent_decode(password), password.to_owned()] {
+            if !form.is_empty() {
+                text = text.replace(&form, "***");
+            }
+        }
+    }
+    redact_secrets(&text)
+}
+
+/// A URL's parts around its user info, as written (not decoded).
+struct UserInfo<'u> {
+    scheme: &'u str,
+    userinfo: &'u str,
+    host: &'u str,
+    tail: &'u str,
+}
+
+/// `scheme://userinfo@host…` taken apart; `None` without a scheme or a user info.
+fn user_info(url: &str) -> Option<UserInfo<'_>> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let (userinfo, host) = authority.rsplit_once('@')?;
+    Some(UserInfo { scheme, userinfo, host, tail })
+}
+
+fn percent_decode(text: &str) -> String {
+    percent_encoding::percent_decode_str(text).decode_utf8_lossy().into_owned()
 }
 
 /// `text` (an error message, a log line) with every credential it carries replaced by `***`: the user
@@ -151,6 +185,14 @@ mod tests {
         assert_eq!(split_credentials("nats://token@h:4222").1, Some(("token".to_owned(), None)));
         assert_eq!(split_credentials("nats://h:4222"), ("nats://h:4222".to_owned(), None));
         assert_eq!(split_credentials("sqlite:///tmp/a@b.db"), ("sqlite:///tmp/a@b.db".to_owned(), None));
+    }
+
+    #[test]
+    fn a_urls_password_is_redacted_wherever_a_message_quotes_it() {
+        let urls = ["postgres://app:s3cr%40t@db:5432/x", "redis://h:6379", "sqlite://data/app.db"];
+        let message = "bad s3cr@t and s3cr%40t; at postgres://app:s3cr%40t@db:5432/x";
+        assert_eq!(redact_passwords_of(message, &urls), "bad *** and ***; at postgres://***@db:5432/x");
+        assert_eq!(redact_passwords_of("nothing secret", &["nats://token@h:4222"]), "nothing secret");
     }
 
     #[test]

@@ -21,7 +21,6 @@ mod http;
 mod log;
 mod migrate;
 mod notify;
-mod redact;
 mod relay;
 mod selection;
 mod stats;
@@ -126,14 +125,25 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {}", redact::scrub(&error.to_string(), &secrets));
+            let urls: Vec<&str> = secrets.urls.iter().map(String::as_str).collect();
+            let mut message = outbox_seaorm::text::redact_passwords_of(&error.to_string(), &urls);
+            for token in &secrets.tokens {
+                message = message.replace(token.as_str(), "***");
+            }
+            eprintln!("error: {message}");
             ExitCode::FAILURE
         }
     }
 }
 
-/// The passwords in the URLs this run was given, to keep out of every message.
-fn secrets(cli: &Cli) -> Vec<String> {
+/// What this run was given that no message may show: URLs with passwords, and the admin token.
+struct Secrets {
+    urls: Vec<String>,
+    tokens: Vec<String>,
+}
+
+/// The URLs and tokens this run was given, to keep out of every message.
+fn secrets(cli: &Cli) -> Secrets {
     let mut urls = vec![cli.db.url.clone()];
     if let Command::Relay(args) = &cli.command {
         urls.push(Some(args.broker.broker.clone()));
@@ -144,14 +154,15 @@ fn secrets(cli: &Cli) -> Vec<String> {
     if let Command::Dashboard(args) = &cli.command {
         urls.push(args.broker().map(str::to_owned));
     }
-    let mut secrets: Vec<String> = urls.into_iter().flatten().filter_map(|url| redact::password_of(&url)).collect();
     let token = match &cli.command {
         Command::Relay(args) => args.dashboard.admin_token.clone(),
         Command::Dashboard(args) => args.admin_token().map(str::to_owned),
         _ => None,
     };
-    secrets.extend(token);
-    secrets
+    Secrets {
+        urls: urls.into_iter().flatten().collect(),
+        tokens: token.into_iter().filter(|t| !t.is_empty()).collect(),
+    }
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, CliError> {
