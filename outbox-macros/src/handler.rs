@@ -41,28 +41,24 @@ fn parse_args(args: TokenStream, errors: &mut Errors) -> Args {
 
 /// `T` of a type spelled `Vec<T>` (any path ending in `Vec` with one type argument).
 fn vec_item(ty: &Type) -> Option<&Type> {
+    single_argument(ty, "Vec")
+}
+
+/// `E` of a type spelled `Received<E>`.
+fn received_event(ty: &Type) -> Option<&Type> {
+    single_argument(ty, "Received")
+}
+
+/// `T` of a type spelled `…::Name<T>`.
+fn single_argument<'t>(ty: &'t Type, name: &str) -> Option<&'t Type> {
     let Type::Path(path) = ty else { return None };
     let last = path.path.segments.last()?;
-    if last.ident != "Vec" {
+    if last.ident != name {
         return None;
     }
     let PathArguments::AngleBracketed(args) = &last.arguments else { return None };
     match args.args.first()? {
         GenericArgument::Type(item) if args.args.len() == 1 => Some(item),
-        _ => None,
-    }
-}
-
-/// `E` of a type spelled `Received<E>`.
-fn received_event(ty: &Type) -> Option<&Type> {
-    let Type::Path(path) = ty else { return None };
-    let last = path.path.segments.last()?;
-    if last.ident != "Received" {
-        return None;
-    }
-    let PathArguments::AngleBracketed(args) = &last.arguments else { return None };
-    match args.args.first()? {
-        GenericArgument::Type(event) if args.args.len() == 1 => Some(event),
         _ => None,
     }
 }

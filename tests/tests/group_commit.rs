@@ -59,6 +59,20 @@ impl Queue {
         queue
     }
 
+    /// Queues the first `n` messages again, as their second delivery.
+    fn deliver_again(&self, n: usize) {
+        let mut messages = self.messages.lock().expect("queue");
+        let again: Vec<_> = messages
+            .iter()
+            .take(n)
+            .map(|(r, d)| {
+                let (headers, payload, origin) = (d.headers.clone(), d.payload.clone(), d.origin.clone());
+                (r + 1000, Delivery { headers, payload, origin, deliveries: 2, receipt: r + 1000 })
+            })
+            .collect();
+        messages.extend(again);
+    }
+
     /// The event id of each message, in queue order.
     fn ids(&self) -> Vec<String> {
         let messages = self.messages.lock().expect("queue");
@@ -234,17 +248,7 @@ async fn a_failed_effect_is_undone_in_a_group_as_it_is_alone(t: TestDb) {
 async fn a_redelivery_in_a_group_does_not_roll_it_back(t: TestDb) {
     create_shop_tables(&t).await;
     let queue = Queue::of(&t, &billed(20)).await;
-    {
-        let mut messages = queue.messages.lock().expect("queue");
-        let again: Vec<_> = messages
-            .iter()
-            .map(|(r, d)| {
-                let (headers, payload, origin) = (d.headers.clone(), d.payload.clone(), d.origin.clone());
-                (r + 1000, Delivery { headers, payload, origin, deliveries: 2, receipt: r + 1000 })
-            })
-            .collect();
-        messages.extend(again);
-    }
+    queue.deliver_again(usize::MAX);
     let running = Running::start(billing(&t, |_| Trouble::None), queue);
     eventually(Duration::from_secs(60), &format!("{t}: 40 handled"), async || {
         let stats = running.stats();
@@ -393,18 +397,7 @@ async fn a_batch_handler_in_groups_applies_each_message_once(t: TestDb) {
             outbox_seaorm::handle_once(&t.db, CONSUMER, id, async |txn| insert_invoice(txn, "earlier", 1).await);
         assert!(before.await.unwrap_or_else(|e| panic!("{t}: applied before: {e}")).is_processed(), "{t}");
     }
-    {
-        let mut messages = queue.messages.lock().expect("queue");
-        let again: Vec<_> = messages
-            .iter()
-            .take(10)
-            .map(|(r, d)| {
-                let (headers, payload, origin) = (d.headers.clone(), d.payload.clone(), d.origin.clone());
-                (r + 1000, Delivery { headers, payload, origin, deliveries: 2, receipt: r + 1000 })
-            })
-            .collect();
-        messages.extend(again);
-    }
+    queue.deliver_again(10);
     let calls = std::sync::Arc::new(Mutex::new(Vec::new()));
     let (db, sizes) = (t.db.clone(), calls.clone());
     let consumer = Consumer::new(CONSUMER)
@@ -469,17 +462,7 @@ async fn charged_twice(t: &TestDb) -> Queue {
         .map(|i| OrderCharged { order_id: format!("c{i}"), total_minor: 100 }.to_new_event().expect("event"))
         .collect();
     let queue = Queue::of(t, &events).await;
-    {
-        let mut messages = queue.messages.lock().expect("queue");
-        let again: Vec<_> = messages
-            .iter()
-            .map(|(r, d)| {
-                let (headers, payload, origin) = (d.headers.clone(), d.payload.clone(), d.origin.clone());
-                (r + 1000, Delivery { headers, payload, origin, deliveries: 2, receipt: r + 1000 })
-            })
-            .collect();
-        messages.extend(again);
-    }
+    queue.deliver_again(usize::MAX);
     queue
 }
 
