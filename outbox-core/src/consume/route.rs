@@ -124,6 +124,19 @@ pub(crate) enum Attempt {
     Misconfigured(String),
 }
 
+impl Attempt {
+    /// Why the attempt did not end in `Done` (empty when it did).
+    pub(crate) fn reason(&self) -> &str {
+        match self {
+            Attempt::Done(_) => "",
+            Attempt::Failed(reason)
+            | Attempt::Newer(reason)
+            | Attempt::Poison(reason)
+            | Attempt::Misconfigured(reason) => reason,
+        }
+    }
+}
+
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A message decoded by a batched route, waiting for its batch: a `Received<E>` of the route's `E`.

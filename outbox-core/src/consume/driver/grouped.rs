@@ -175,11 +175,8 @@ impl<'a, T: Transport> Driver<'a, T> {
                 true
             }
             Err(attempt) => {
-                let reason = match &attempt {
-                    Attempt::Failed(reason) | Attempt::Misconfigured(reason) => reason.as_str(),
-                    _ => "",
-                };
-                tracing::debug!(reason = %one_line(reason), messages = lanes.len(), "batch handler failed inside a group");
+                let reason = one_line(attempt.reason());
+                tracing::debug!(%reason, messages = lanes.len(), "batch handler failed inside a group");
                 false
             }
         }
