@@ -424,12 +424,15 @@ async fn a_batch_handler_in_groups_applies_each_message_once(t: TestDb) {
     assert!(calls.lock().expect("calls").iter().any(|&n| n > 1), "{t}: several messages per call");
 }
 
-/// Decodes of a `total_minor` so far: what "each message is decoded once" counts.
-static DECODES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Decodes of an `order.charged` so far, per run (the part of the order id before its last `:`): what "each
+/// message is decoded once" counts. Per run, because the three backends' tests run at once.
+static DECODES: Mutex<std::collections::BTreeMap<String, usize>> = Mutex::new(std::collections::BTreeMap::new());
 
-fn counted_decode<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
-    DECODES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    i64::deserialize(deserializer)
+fn counted_decode<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    let order_id = String::deserialize(deserializer)?;
+    let run = order_id.rsplit_once(':').map_or(order_id.as_str(), |(run, _)| run).to_owned();
+    *DECODES.lock().expect("decodes").entry(run).or_default() += 1;
+    Ok(order_id)
 }
 
 /// An order charged: decoding it counts in [`DECODES`].
@@ -437,8 +440,8 @@ fn counted_decode<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i
 #[domain_event(name = "order.charged", version = 1, aggregate = "order")]
 struct OrderCharged {
     #[aggregate_id]
-    order_id: String,
     #[serde(deserialize_with = "counted_decode")]
+    order_id: String,
     total_minor: i64,
 }
 
@@ -456,10 +459,10 @@ async fn charge_all(txn: &sea_orm::DatabaseTransaction, events: Vec<OrderCharged
     Ok(())
 }
 
-/// 20 `order.charged` messages, each delivered twice.
-async fn charged_twice(t: &TestDb) -> Queue {
+/// 20 `order.charged` messages of the run `run`, each delivered twice.
+async fn charged_twice(t: &TestDb, run: &str) -> Queue {
     let events: Vec<NewEvent> = (0..20)
-        .map(|i| OrderCharged { order_id: format!("c{i}"), total_minor: 100 }.to_new_event().expect("event"))
+        .map(|i| OrderCharged { order_id: format!("{run}:{i}"), total_minor: 100 }.to_new_event().expect("event"))
         .collect();
     let queue = Queue::of(t, &events).await;
     queue.deliver_again(usize::MAX);
@@ -475,11 +478,11 @@ async fn handlers_registered_as_written_apply_each_event_once(t: TestDb) {
         [("charging-grouped", 32, false), ("charging-alone", 1, false), ("charging-batched", 32, true)];
     for (name, group_size, batched) in ways {
         t.db.execute_unprepared("DELETE FROM invoices").await.expect("clear invoices");
-        let queue = charged_twice(&t).await;
+        let run = format!("{:?}/{name}", t.backend);
+        let queue = charged_twice(&t, &run).await;
         let config = ConsumerConfig::default().with_fetch_wait(Duration::from_millis(50)).with_group_size(group_size);
         let consumer = Consumer::new(name).with_config(config).with_group_commit(SeaOrmGroupCommit::new(t.db.clone()));
         let consumer = if batched { consumer.on_batch(charge_all) } else { consumer.on(charge) };
-        DECODES.store(0, std::sync::atomic::Ordering::SeqCst);
         let running = Running::start(consumer, queue);
         eventually(Duration::from_secs(60), &format!("{t}: {name}: 40 handled"), async || {
             let stats = running.stats();
@@ -490,7 +493,7 @@ async fn handlers_registered_as_written_apply_each_event_once(t: TestDb) {
         assert_eq!((stats.processed, stats.duplicates), (20, 20), "{t}: {name}: {stats:?}");
         assert_eq!(count_table(&t, "invoices").await, 20, "{t}: {name}: one invoice per event");
         assert_eq!(count_inbox(&t, name).await, 20, "{t}: {name}: recorded under the consumer's one name");
-        let decodes = DECODES.load(std::sync::atomic::Ordering::SeqCst);
+        let decodes = DECODES.lock().expect("decodes").get(&run).copied().unwrap_or(0);
         assert_eq!(decodes, 40 + 2 * stats.group_rollbacks as usize, "{t}: {name}: one decode per delivery");
     }
 }
@@ -500,7 +503,7 @@ async fn handlers_registered_as_written_apply_each_event_once(t: TestDb) {
 /// dead-lettered (the queue panics on a dead letter).
 async fn a_handler_without_a_database_stops_its_consumer_with_what_to_add(t: TestDb) {
     create_shop_tables(&t).await;
-    let queue = charged_twice(&t).await;
+    let queue = charged_twice(&t, &format!("{:?}/nowhere", t.backend)).await;
     let config = ConsumerConfig::default().with_fetch_wait(Duration::from_millis(50));
     let consumer = Consumer::new("charging-nowhere").with_config(config).on(charge);
     let run = consumer.run(&queue, outbox_seaorm::CancellationToken::new());
