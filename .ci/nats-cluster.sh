@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A three-node NATS JetStream cluster on loopback for the cluster tests (tests/tests/nats_cluster.rs): nodes
+# A three-node NATS JetStream cluster on loopback for the cluster tests (tests/tests/suite/nats_cluster.rs): nodes
 # n1, n2, n3 with client ports 4301-4303, cluster routes on 6301-6303, each with its own store directory.
 #
 #   .ci/nats-cluster.sh start        start every node not running; wait until each answers

@@ -222,10 +222,41 @@ pub async fn all_backends(test: &str) -> Vec<TestDb> {
     dbs
 }
 
+/// Panics when a test of this process already made the database at `place`: the integration tests share one
+/// process (`tests/tests/suite`), so two tests naming their database alike would otherwise share it and
+/// read each other's rows.
+fn claim(place: String) {
+    static MADE: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut made = MADE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    assert!(
+        made.insert(place.clone()),
+        "two tests of this process name their database alike: {place}; give one another tag"
+    );
+}
+
+/// `t_<test>_<run suffix>`, at most 63 bytes: PostgreSQL cuts longer identifiers silently (and MariaDB
+/// refuses names over 64), which would give two long tags one schema; a long tag keeps its first bytes and a
+/// hash of the whole.
+fn database_name(test: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    const MAX: usize = 63;
+    let name = format!("t_{test}_{}", run_suffix());
+    if name.len() <= MAX {
+        return name;
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    test.hash(&mut hasher);
+    let keep = MAX.saturating_sub("t_".len() + 8 + "_".len() + run_suffix().len());
+    let start = test.get(..keep).unwrap_or(test);
+    format!("t_{start}{:08x}_{}", hasher.finish() as u32, run_suffix())
+}
+
 async fn sqlite(test: &str) -> TestDb {
     let dir = std::env::temp_dir().join("outbox-tests");
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join(format!("{test}_{}.db", run_suffix()));
+    claim(path.display().to_string());
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
@@ -246,7 +277,8 @@ async fn postgres_at(url: &str, test: &str) -> Result<TestDb, String> {
         .await
         .map_err(|e| format!("PostgreSQL at {url} is unreachable: {e}"))?;
     sweep_postgres(&admin).await;
-    let schema = format!("t_{test}_{}", run_suffix());
+    let schema = database_name(test);
+    claim(format!("{url}#{schema}"));
     admin
         .execute_unprepared(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
         .await
@@ -294,7 +326,8 @@ pub async fn logical(test: &str) -> Option<TestDb> {
 async fn mysql(test: &str) -> Result<TestDb, String> {
     let url = std::env::var("OUTBOX_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
     let admin = connect(&url, DbBackend::MySql, "").await.map_err(|e| format!("MySQL at {url} is unreachable: {e}"))?;
-    let database = format!("t_{test}_{}", run_suffix());
+    let database = database_name(test);
+    claim(format!("{url}/{database}"));
     for sql in [format!("DROP DATABASE IF EXISTS {database}"), format!("CREATE DATABASE {database}")] {
         admin.execute_unprepared(&sql).await.map_err(|e| format!("MySQL: {sql}: {e}"))?;
     }

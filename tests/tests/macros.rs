@@ -2,6 +2,7 @@
 //! changes or not at all, compose through savepoints, and `#[idempotent_handler]` consumers apply each
 //! event once, upcasting old payloads.
 
+#[path = "suite/common/mod.rs"]
 mod common;
 
 use common::{count_inbox, count_outbox, count_table, create_shop_tables, insert_invoice, invoice_total, outbox_rows};

@@ -6,6 +6,7 @@
 //! only and runs on a current-thread runtime, so the relay, the service's tasks and the consumer all record
 //! into it and tests running in parallel never mix their figures.
 
+#[path = "suite/common/mod.rs"]
 mod common;
 
 use std::collections::{BTreeMap, VecDeque};

@@ -12,7 +12,7 @@
 //! - holds at most [`SEQS_PER_STATEMENT`] keys: at `in_predicate_conversion_threshold` (1000 by
 //!   default) MariaDB turns the `IN` list into a join with a derived table and scans the whole table.
 //!
-//! `SeaOrmStore::lock_plans` explains each of these statements; `tests/tests/lock_plans.rs` holds them
+//! `SeaOrmStore::lock_plans` explains each of these statements; `tests/tests/suite/lock_plans.rs` holds them
 //! to range reads of the primary key on a small table.
 
 use sea_orm::sea_query::{Expr, ExprTrait, UpdateStatement};

@@ -7,7 +7,7 @@ async fn begin<F: Fixture>(case: &str) -> Option<(TestDb, F)> {
         return None;
     }
     crate::log_to_test_output();
-    let t = case_db(case).await;
+    let t = case_db(&format!("ct_{}_{case}", F::TAG)).await;
     Some((t, F::setup(case).await))
 }
 

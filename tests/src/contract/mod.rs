@@ -40,6 +40,9 @@ pub trait Fixture: Send + Sync + Sized + 'static {
     type Transport: Transport + 'static;
     /// The broker's name in messages.
     const NAME: &'static str;
+    /// A short lowercase name that prefixes each case's database: the brokers' cases share one test
+    /// process, and each needs its own.
+    const TAG: &'static str;
     /// `host:port` of the server, checked before each test (skipped when unreachable outside CI).
     const ADDRESS: &'static str;
     /// Why this server's lag figures cannot be counted on, if so (the lag case then says it and skips).
@@ -413,7 +416,7 @@ fn log_config(t: &TestDb) -> outbox_seaorm::log::LogRelayConfig {
 
 /// The case's publication and a caught-up slot, before any event: what it enqueues is in the log.
 async fn prepare_log_slot(t: &TestDb) {
-    // Slots of earlier test processes (each broker's suite is one) hold WAL and count against
+    // Slots of earlier test processes (earlier runs of the suite) hold WAL and count against
     // max_replication_slots: drop the idle ones.
     let sql = format!(
         "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'ct\\_%' \
