@@ -349,6 +349,29 @@ pub fn log_to_test_output() {
     }
 }
 
+/// Two tests of one process that name their database alike are stopped at the second.
+#[cfg(test)]
+#[test]
+fn a_second_database_of_one_name_in_one_process_is_refused() {
+    claim("postgres://example/test#t_twice".to_owned());
+    let second = std::panic::catch_unwind(|| claim("postgres://example/test#t_twice".to_owned()));
+    assert!(second.is_err(), "the second claim of one name is refused");
+    claim("postgres://example/test#t_once".to_owned());
+}
+
+/// Long tags get names the servers keep whole (63 bytes at most), and two long tags that start alike get
+/// two names.
+#[cfg(test)]
+#[test]
+fn long_tags_get_distinct_names_within_63_bytes() {
+    let a = database_name("ct_rabbitmq_lag_counts_what_the_consumer_has_not_acknowledged");
+    let b = database_name("ct_rabbitmq_lag_counts_what_the_consumer_has_not_acknowledged_twice");
+    assert!(a.len() <= 63 && b.len() <= 63, "{a} / {b}");
+    assert_ne!(a, b);
+    assert!(a.ends_with(run_suffix()) && a.starts_with("t_ct_rabbitmq_lag"), "{a}");
+    assert_eq!(database_name("relay"), format!("t_relay_{}", run_suffix()), "a short tag is kept as it is");
+}
+
 /// The library's own events (`contract`) are locked in `tests/events.lock` by its unit test, which links
 /// all of them; a test binary links them only when it uses them.
 #[cfg(test)]
