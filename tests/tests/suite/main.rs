@@ -1,20 +1,18 @@
 //! The integration tests against the real servers, in one test binary: one build and one link of the
 //! workspace for all of them, and their waits on the servers overlap. Each module is one subject; every
 //! test has its own schema, database or file (`outbox_integration_tests::run_on`), so modules never share
-//! rows. Three subjects have binaries of their own: `secrets.rs` captures every log line of its process at
+//! rows. The Kafka tests are `tests/tests/kafka/` (librdkafka is C: a crash there ends only its own process).
+//! Three more subjects have binaries of their own: `secrets.rs` captures every log line of its process at
 //! trace level, `observability.rs` exports the library's spans through a subscriber of its test's thread
 //! (tracing caches per call site, for the whole process, whether any subscriber wants it: tests of other
 //! subjects hitting the relay's call sites from other threads at once made its spans go missing), and
 //! `macros.rs` checks `events.lock` against every event type linked into its binary.
 
 mod common;
-mod kafka;
 
 mod bad_input;
 mod bad_rows;
 mod broker_connect;
-mod broker_kafka;
-mod broker_kafka_mock;
 mod broker_nats;
 mod broker_rabbitmq;
 mod broker_redis;
@@ -23,7 +21,6 @@ mod claim_plans;
 mod composition;
 mod concurrency;
 mod connection_faults;
-mod contract_kafka;
 mod contract_nats;
 mod contract_rabbitmq;
 mod contract_redis;

@@ -1,4 +1,4 @@
-//! Helpers the Kafka test modules share (`broker_kafka.rs` against tansu, `broker_kafka_mock.rs` against
+//! Helpers the Kafka tests share (`broker_kafka.rs` against tansu, `broker_kafka_mock.rs` against
 //! librdkafka's mock cluster): the `parcel.shipped` event, the `kafka_shipping` consumer with its
 //! `#[idempotent_handler]` effect, and reading committed offsets.
 
